@@ -1,0 +1,81 @@
+// kolo/core/error.hpp — the error hierarchy every layer throws.
+//
+// Users catch kolo::Error for "anything from kolo", or a subclass to react to one kind of fault:
+// TimeoutError (a deadline passed), PeerLostError (a rank died or closed its connection),
+// MismatchError (ranks called a collective with different arguments), ConfigError (a bad
+// environment variable or option). Messages name what is wrong so a user can act on them.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace kolo {
+
+// Numeric codes travel on the wire when one rank aborts the others (the kind is preserved).
+enum class ErrorKind : int { generic = 1, timeout = 2, peer_lost = 3, mismatch = 4, config = 5 };
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what, ErrorKind kind = ErrorKind::generic)
+      : std::runtime_error(what), kind_(kind) {}
+  ErrorKind kind() const noexcept { return kind_; }
+
+ private:
+  ErrorKind kind_;
+};
+
+class TimeoutError : public Error {
+ public:
+  explicit TimeoutError(const std::string& what) : Error(what, ErrorKind::timeout) {}
+};
+
+class PeerLostError : public Error {
+ public:
+  explicit PeerLostError(const std::string& what) : Error(what, ErrorKind::peer_lost) {}
+};
+
+class MismatchError : public Error {
+ public:
+  explicit MismatchError(const std::string& what) : Error(what, ErrorKind::mismatch) {}
+};
+
+class ConfigError : public Error {
+ public:
+  explicit ConfigError(const std::string& what) : Error(what, ErrorKind::config) {}
+};
+
+// Re-raises an error received from another rank with its original kind.
+[[noreturn]] inline void throw_error(ErrorKind kind, const std::string& what) {
+  switch (kind) {
+    case ErrorKind::timeout:
+      throw TimeoutError(what);
+    case ErrorKind::peer_lost:
+      throw PeerLostError(what);
+    case ErrorKind::mismatch:
+      throw MismatchError(what);
+    case ErrorKind::config:
+      throw ConfigError(what);
+    case ErrorKind::generic:
+      break;
+  }
+  throw Error(what);
+}
+
+// Name of the exception class for an error kind, used in messages and logs.
+inline const char* error_kind_name(ErrorKind kind) noexcept {
+  switch (kind) {
+    case ErrorKind::timeout:
+      return "TimeoutError";
+    case ErrorKind::peer_lost:
+      return "PeerLostError";
+    case ErrorKind::mismatch:
+      return "MismatchError";
+    case ErrorKind::config:
+      return "ConfigError";
+    case ErrorKind::generic:
+      break;
+  }
+  return "Error";
+}
+
+}  // namespace kolo

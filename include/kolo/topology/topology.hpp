@@ -1,0 +1,215 @@
+// kolo/topology/topology.hpp — who am I, who are my peers: the environment contract (ENV.md).
+//
+// One contract, many launchers: kolo-run, mpirun, torchrun, horovodrun and the Spark backend all
+// end by exporting these variables. KOLO_* names win; the aliases of the launchers people already
+// use are accepted when the KOLO_ names are absent. Anything inconsistent is a ConfigError that
+// names the variable and its value.
+#pragma once
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kolo/core/env.hpp"
+#include "kolo/core/error.hpp"
+#include "kolo/net/socket.hpp"
+
+namespace kolo {
+
+struct Topology {
+  int rank = 0;
+  int size = 1;
+  // -1 means "not given by the launcher": Bootstrap derives it through the store by host key.
+  int local_rank = -1;
+  int local_size = -1;
+  int cross_rank = -1;
+  int cross_size = -1;
+
+  // Rendezvous: a store address, and whether this rank hosts the store there (rank 0 does for
+  // torchrun's MASTER_ADDR/PORT and for KOLO_PEERS; kolo-run hosts it itself for KOLO_STORE).
+  std::optional<net::HostPort> store;
+  bool host_store = false;
+  std::vector<net::HostPort> peers;  // KOLO_PEERS, in rank order
+  int listen_fd = -1;                // KOLO_LISTEN_FD: inherited, already bound and listening
+
+  std::string secret;        // KOLO_SECRET
+  std::vector<int> devices;  // KOLO_DEVICES
+  double timeout_seconds = 30.0;
+  std::string host_key;  // ranks with equal keys share a host (shared memory reaches them)
+
+  bool is_local_complete() const {
+    return local_rank >= 0 && local_size > 0 && cross_rank >= 0 && cross_size > 0;
+  }
+
+  // The default host key: hostname plus the network namespace, so ranks in different network
+  // namespaces (the test "hosts") count as different hosts even on one machine.
+  static std::string default_host_key() {
+    char name[256] = {};
+    ::gethostname(name, sizeof(name) - 1);
+    std::string key(name);
+    struct stat st {};
+    if (::stat("/proc/self/ns/net", &st) == 0) {
+      key += "/netns:" + std::to_string(static_cast<unsigned long long>(st.st_ino));
+    }
+    return key;
+  }
+
+  static Topology from_env() { return from_env(process_env()); }
+
+  static Topology from_env(const EnvLookup& env) {
+    Topology t;
+    // First name present wins; remember which one so errors name what the user set.
+    auto first = [&](std::initializer_list<const char*> names)
+        -> std::optional<std::pair<std::string, std::string>> {
+      for (const char* n : names) {
+        if (auto v = env(n)) return std::make_pair(std::string(n), *v);
+      }
+      return std::nullopt;
+    };
+    auto int_of = [&](const std::optional<std::pair<std::string, std::string>>& v) {
+      return parse_env_int(v->first, v->second);
+    };
+
+    const auto size =
+        first({"KOLO_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE"});
+    const auto rank =
+        first({"KOLO_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK"});
+    if (!size) {
+      throw ConfigError(
+          "KOLO_SIZE is not set (nor WORLD_SIZE, OMPI_COMM_WORLD_SIZE, HOROVOD_SIZE): start the "
+          "program with kolo-run, mpirun, torchrun or the Spark backend");
+    }
+    if (!rank) {
+      throw ConfigError("KOLO_RANK is not set (nor RANK, OMPI_COMM_WORLD_RANK, HOROVOD_RANK)");
+    }
+    const long long sz = int_of(size);
+    const long long rk = int_of(rank);
+    if (sz < 1 || sz > (1 << 20)) {
+      throw ConfigError(size->first + "=" + size->second + " must be at least 1");
+    }
+    if (rk < 0) throw ConfigError(rank->first + "=" + rank->second + " is negative");
+    if (rk >= sz) {
+      throw ConfigError(rank->first + "=" + rank->second + " is not below " + size->first + "=" +
+                        size->second);
+    }
+    t.size = static_cast<int>(sz);
+    t.rank = static_cast<int>(rk);
+
+    auto pair_of = [&](std::initializer_list<const char*> idx_names,
+                       std::initializer_list<const char*> cnt_names, int& idx, int& cnt) {
+      const auto i = first(idx_names);
+      const auto c = first(cnt_names);
+      if (!i && !c) return;
+      if (c) {
+        const long long n = int_of(c);
+        if (n < 1 || n > sz) {
+          throw ConfigError(c->first + "=" + c->second + " must be in 1.." + std::to_string(sz));
+        }
+        cnt = static_cast<int>(n);
+      }
+      if (i) {
+        const long long k = int_of(i);
+        if (k < 0) throw ConfigError(i->first + "=" + i->second + " is negative");
+        if (c && k >= cnt) {
+          throw ConfigError(i->first + "=" + i->second + " is not below " + c->first + "=" +
+                            c->second);
+        }
+        idx = static_cast<int>(k);
+      }
+    };
+    pair_of({"KOLO_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_RANK"},
+            {"KOLO_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+             "HOROVOD_LOCAL_SIZE"},
+            t.local_rank, t.local_size);
+    pair_of({"KOLO_CROSS_RANK", "HOROVOD_CROSS_RANK", "GROUP_RANK"},
+            {"KOLO_CROSS_SIZE", "HOROVOD_CROSS_SIZE"}, t.cross_rank, t.cross_size);
+
+    // Rendezvous.
+    if (auto s = env("KOLO_STORE")) {
+      t.store = net::parse_host_port(*s, "KOLO_STORE");
+      t.host_store = false;  // the launcher hosts it
+    }
+    if (auto p = env("KOLO_PEERS")) {
+      std::string_view rest = *p;
+      while (!rest.empty()) {
+        const auto comma = rest.find(',');
+        const auto item = rest.substr(0, comma);
+        if (!item.empty()) t.peers.push_back(net::parse_host_port(item, "KOLO_PEERS"));
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
+      }
+      if (static_cast<long long>(t.peers.size()) != sz) {
+        throw ConfigError("KOLO_PEERS=" + *p + " lists " + std::to_string(t.peers.size()) +
+                          " addresses but " + size->first + "=" + size->second);
+      }
+      if (!t.store) {  // rank 0 hosts the store at its own advertised address
+        t.store = t.peers[0];
+        t.host_store = true;
+      }
+    }
+    if (!t.store) {
+      const auto addr = env("MASTER_ADDR");
+      const auto port = env("MASTER_PORT");
+      if (addr && port) {
+        t.store = net::parse_host_port(*addr + ":" + *port, "MASTER_ADDR:MASTER_PORT");
+        t.host_store = true;  // torchrun convention: rank 0 serves the store
+      } else if (addr || port) {
+        throw ConfigError(std::string(addr ? "MASTER_PORT" : "MASTER_ADDR") +
+                          " is not set but " + (addr ? "MASTER_ADDR" : "MASTER_PORT") +
+                          " is: set both, or KOLO_STORE=host:port");
+      }
+    }
+    if (!t.store && sz > 1) {
+      throw ConfigError("KOLO_STORE is not set (nor KOLO_PEERS, MASTER_ADDR/MASTER_PORT): " +
+                        std::to_string(sz) + " ranks need a rendezvous address");
+    }
+    if (auto fd = env_int(env, "KOLO_LISTEN_FD", 0, 1 << 20)) {
+      struct stat st {};
+      if (::fstat(static_cast<int>(*fd), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+        throw ConfigError("KOLO_LISTEN_FD=" + std::to_string(*fd) +
+                          " is not an open socket in this process");
+      }
+      t.listen_fd = static_cast<int>(*fd);
+    }
+
+    if (auto s = env("KOLO_SECRET")) {
+      t.secret = *s;
+      if (t.secret.size() < 8 && sz > 1) {
+        throw ConfigError("KOLO_SECRET is too short (" + std::to_string(t.secret.size()) +
+                          " characters; use at least 8, e.g. 32 random hex digits)");
+      }
+    } else if (sz > 1) {
+      throw ConfigError(
+          "KOLO_SECRET is not set: every TCP connection of a multi-rank job must prove the job "
+          "secret (kolo-run and the Spark backend generate one; set it yourself otherwise)");
+    }
+
+    if (auto d = env("KOLO_DEVICES")) {
+      std::string_view rest = *d;
+      while (!rest.empty()) {
+        const auto comma = rest.find(',');
+        const auto item = rest.substr(0, comma);
+        if (!item.empty()) {
+          const long long id = parse_env_int("KOLO_DEVICES", item);
+          if (id < 0) throw ConfigError("KOLO_DEVICES=" + *d + " has a negative device id");
+          t.devices.push_back(static_cast<int>(id));
+        }
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
+      }
+    }
+    if (auto to = env_double(env, "KOLO_TIMEOUT_SECONDS", 0.001, 1.0e6)) t.timeout_seconds = *to;
+    if (auto hk = env("KOLO_HOST_KEY"); hk && !hk->empty()) {
+      t.host_key = *hk;
+    } else {
+      t.host_key = default_host_key();
+    }
+    return t;
+  }
+};
+
+}  // namespace kolo
