@@ -10,6 +10,7 @@
 // Integer averages truncate toward zero, like C++ integer division.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -31,6 +32,19 @@ namespace detail {
 template <class T>
 using vec16 [[gnu::vector_size(16)]] = T;
 
+// Signed overflow in vector lanes is undefined just as in scalars (UBSan reports it), so signed
+// integer lanes are added and multiplied as unsigned: the two's-complement wraparound we promise.
+template <class V, class F>
+V wrapping_lanes(V a, V b, F f) noexcept {
+  using E = std::remove_cvref_t<decltype(a[0])>;
+  if constexpr (std::is_integral_v<E> && std::is_signed_v<E>) {
+    using UV = vec16<std::make_unsigned_t<E>>;
+    return std::bit_cast<V>(f(std::bit_cast<UV>(a), std::bit_cast<UV>(b)));
+  } else {
+    return f(a, b);
+  }
+}
+
 struct OpSum {
   template <class T>
   static T apply(T a, T b) noexcept {
@@ -43,7 +57,7 @@ struct OpSum {
   }
   template <class V>
   static V apply_vec(V a, V b) noexcept {
-    return a + b;
+    return wrapping_lanes(a, b, [](auto x, auto y) { return x + y; });
   }
 };
 struct OpProd {
@@ -58,7 +72,7 @@ struct OpProd {
   }
   template <class V>
   static V apply_vec(V a, V b) noexcept {
-    return a * b;
+    return wrapping_lanes(a, b, [](auto x, auto y) { return x * y; });
   }
 };
 struct OpMin {
@@ -174,9 +188,16 @@ inline void finish_average(void* data, std::size_t count, DataType t, int diviso
     if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
       const float d = static_cast<float>(divisor);
       for (std::size_t i = 0; i < count; ++i) p[i] = T(static_cast<float>(p[i]) / d);
+    } else if constexpr (std::is_integral_v<T>) {
+      // Divide in 64 bits: narrowing the rank count to T would make 200 ranks -56 for int8 and
+      // 256 ranks a division by zero for uint8. The quotient always fits back into T.
+      const std::int64_t d = divisor;
+      for (std::size_t i = 0; i < count; ++i) {
+        p[i] = static_cast<T>(static_cast<std::int64_t>(p[i]) / d);
+      }
     } else {
       const T d = static_cast<T>(divisor);
-      for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<T>(p[i] / d);
+      for (std::size_t i = 0; i < count; ++i) p[i] = p[i] / d;
     }
   });
 }

@@ -167,6 +167,20 @@ inline std::string local_ip(int fd) {
   return buf[0] ? std::string(buf) : std::string("127.0.0.1");
 }
 
+// The local address this host would use to reach host:port (a connected UDP socket sends
+// nothing; the kernel just picks the route). Loopback when the route cannot be determined.
+inline std::string route_ip_to(const std::string& host, std::uint16_t port) {
+  try {
+    AddrList addrs(host, port, false);
+    for (addrinfo* ai = addrs.head; ai; ai = ai->ai_next) {
+      Socket s(::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+      if (s.valid() && ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen) == 0) return local_ip(s.fd());
+    }
+  } catch (const Error&) {
+  }
+  return "127.0.0.1";
+}
+
 // Waits for `events` on fd until the deadline; returns revents (0 on timeout). EINTR retried.
 inline short poll_one(int fd, short events, const Deadline& dl, int cap_ms = 1 << 30) {
   for (;;) {

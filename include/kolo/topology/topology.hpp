@@ -40,6 +40,7 @@ struct Topology {
   std::vector<int> devices;  // KOLO_DEVICES
   double timeout_seconds = 30.0;
   std::string host_key;  // ranks with equal keys share a host (shared memory reaches them)
+  std::string advertise_ip;  // KOLO_ADDR: the address peers use to reach this rank (else derived)
 
   bool is_local_complete() const {
     return local_rank >= 0 && local_size > 0 && cross_rank >= 0 && cross_size > 0;
@@ -89,7 +90,8 @@ struct Topology {
     const long long sz = int_of(size);
     const long long rk = int_of(rank);
     if (sz < 1 || sz > (1 << 20)) {
-      throw ConfigError(size->first + "=" + size->second + " must be at least 1");
+      throw ConfigError(size->first + "=" + size->second + " must be in 1.." +
+                        std::to_string(1 << 20));
     }
     if (rk < 0) throw ConfigError(rank->first + "=" + rank->second + " is negative");
     if (rk >= sz) {
@@ -148,7 +150,7 @@ struct Topology {
       }
       if (!t.store) {  // rank 0 hosts the store at its own advertised address
         t.store = t.peers[0];
-        t.host_store = true;
+        t.host_store = t.rank == 0;
       }
     }
     if (!t.store) {
@@ -156,7 +158,7 @@ struct Topology {
       const auto port = env("MASTER_PORT");
       if (addr && port) {
         t.store = net::parse_host_port(*addr + ":" + *port, "MASTER_ADDR:MASTER_PORT");
-        t.host_store = true;  // torchrun convention: rank 0 serves the store
+        t.host_store = t.rank == 0;  // torchrun convention: rank 0 serves the store
       } else if (addr || port) {
         throw ConfigError(std::string(addr ? "MASTER_PORT" : "MASTER_ADDR") +
                           " is not set but " + (addr ? "MASTER_ADDR" : "MASTER_PORT") +
@@ -203,6 +205,11 @@ struct Topology {
       }
     }
     if (auto to = env_double(env, "KOLO_TIMEOUT_SECONDS", 0.001, 1.0e6)) t.timeout_seconds = *to;
+    if (auto a = env("KOLO_ADDR"); a && !a->empty()) {
+      t.advertise_ip = *a;
+    } else if (!t.peers.empty()) {
+      t.advertise_ip = t.peers[static_cast<std::size_t>(t.rank)].host;
+    }
     if (auto hk = env("KOLO_HOST_KEY"); hk && !hk->empty()) {
       t.host_key = *hk;
     } else {

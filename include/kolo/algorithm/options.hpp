@@ -1,0 +1,38 @@
+// kolo/algorithm/options.hpp — what every algorithm receives besides buffers: the signature
+// stamped on its messages, its deadline, and its pipelining unit.
+#pragma once
+
+#include <cstddef>
+
+#include "kolo/core/deadline.hpp"
+#include "kolo/core/signature.hpp"
+
+namespace kolo {
+
+struct AlgoOptions {
+  Signature sig;
+  Deadline deadline = Deadline::after(30);
+  // Pipelining unit: a segment received at step t is forwarded at step t+1 while later segments
+  // of step t are still arriving, so a ring of n ranks costs (2(n-1) + segments - 1) segment
+  // times instead of 2(n-1) block times.
+  std::size_t segment_bytes = 256 * 1024;
+  std::size_t recv_window = 16;  // receives posted ahead of need
+};
+
+// Elements [begin, begin+count) of block b when `total` elements are split into n blocks as
+// evenly as possible (the first total % n blocks get one more): any count, any rank count.
+struct BlockRange {
+  std::size_t begin;
+  std::size_t count;
+};
+
+inline BlockRange even_block(std::size_t total, int n, int b) {
+  const std::size_t base = total / static_cast<std::size_t>(n);
+  const std::size_t extra = total % static_cast<std::size_t>(n);
+  const auto ub = static_cast<std::size_t>(b);
+  return {ub * base + std::min(ub, extra), base + (ub < extra ? 1 : 0)};
+}
+
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+}  // namespace kolo

@@ -1,0 +1,64 @@
+// kolo/algorithm/ring_allreduce.hpp — bandwidth-optimal ring allreduce: reduce-scatter, then
+// allgather, both around the ring, segmented and pipelined (ring_pipeline.hpp).
+//
+// Cost (Thakur, Rabenseifner & Gropp 2005), n ranks, S bytes: 2(n-1)·α + 2(n-1)/n·S·β +
+// (n-1)/n·S·γ. Memory passes per rank: every byte of the result is written once by a reduction
+// or a copy, the input read once; with the shared-memory transport each transferred byte is
+// also copied once into a slot by the sender (see docs/performance.md for the full count).
+//
+// Any rank count and any element count: blocks differ by at most one element, empty blocks
+// still exchange an (empty) message so every rank sees every step, and count 0 returns at once.
+// ReduceOp::average is a sum whose division is applied by the owner of each block right after
+// its last reduction, before the block is passed around: count/n divisions per rank, not count.
+#pragma once
+
+#include <cstring>
+#include <vector>
+
+#include "kolo/algorithm/options.hpp"
+#include "kolo/algorithm/ring_pipeline.hpp"
+#include "kolo/core/reduce.hpp"
+#include "kolo/core/tensor.hpp"
+#include "kolo/transport/transport.hpp"
+
+namespace kolo {
+
+template <Transport T>
+void allreduce_ring(T& t, const void* in, void* out, std::size_t count, DataType dtype,
+                    ReduceOp op, const AlgoOptions& opt) {
+  const int n = t.size();
+  const int r = t.rank();
+  const std::size_t es = dtype_size(dtype);
+  const auto* src = static_cast<const std::byte*>(in);
+  auto* dst = static_cast<std::byte*>(out);
+  if (count == 0) return;
+  if (n == 1) {
+    if (src != dst) std::memcpy(dst, src, count * es);
+    return;
+  }
+  const ReduceSpec rs{reduce_function(dtype, op), es};
+  std::vector<RingStage> stages;
+  stages.reserve(static_cast<std::size_t>(2 * (n - 1)));
+  auto block = [&](int b) { return even_block(count, n, mod(b, n)); };
+  // Reduce-scatter: at stage t send block r-t, receive block r-t-1 and fold it into out.
+  for (int s = 0; s < n - 1; ++s) {
+    const BlockRange sb = block(r - s), rb = block(r - s - 1);
+    stages.push_back({(s == 0 ? src : dst) + sb.begin * es, sb.count * es, dst + rb.begin * es,
+                      src + rb.begin * es, rb.count * es});
+  }
+  // Allgather: this rank now owns block r+1; at stage u send block r+1-u, receive block r-u.
+  for (int u = 0; u < n - 1; ++u) {
+    const BlockRange sb = block(r + 1 - u), rb = block(r - u);
+    stages.push_back({dst + sb.begin * es, sb.count * es, dst + rb.begin * es, nullptr,
+                      rb.count * es});
+  }
+  const std::size_t last_rs = static_cast<std::size_t>(n - 2);
+  const BlockRange owned = block(r + 1);
+  run_ring(t, stages, rs, opt, [&](std::size_t stage, std::size_t off, std::size_t len) {
+    if (op == ReduceOp::average && stage == last_rs && len > 0) {
+      finish_average(dst + owned.begin * es + off, len / es, dtype, n);
+    }
+  });
+}
+
+}  // namespace kolo

@@ -1,0 +1,277 @@
+// kolo/communicator.hpp — Communicator<Transport>: blocking collectives over any Transport.
+//
+// The communicator validates arguments, stamps each collective with a Signature (so ranks that
+// disagree are caught at the first message), gives it a deadline (KOLO_TIMEOUT_SECONDS), and
+// runs an algorithm. Any error inside a collective — a local argument error included — aborts
+// the transport, which hands the same error to every rank: a collective either succeeds on all
+// ranks or fails on all of them, and none waits for a partner that is not coming. After an
+// error the communicator is unusable (as after ncclCommAbort); build a new one.
+//
+// Buffers are TensorViews (pointer, count, dtype) or std::spans of the element types; in-place
+// forms pass one buffer. Sizes:
+//   allreduce       in.count == out.count
+//   allgather       out.count == size * in.count
+//   allgatherv      out.count == sum(counts), in.count == counts[rank]
+//   broadcast       data.count on every rank
+//   reduce_scatter  in.count == size * out.count
+//   alltoall        in.count == out.count, divisible by size
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kolo/algorithm/alltoall_pairwise.hpp"
+#include "kolo/algorithm/barrier_dissemination.hpp"
+#include "kolo/algorithm/broadcast_chain.hpp"
+#include "kolo/algorithm/options.hpp"
+#include "kolo/algorithm/ring_allgather.hpp"
+#include "kolo/algorithm/ring_allreduce.hpp"
+#include "kolo/algorithm/ring_reduce_scatter.hpp"
+#include "kolo/core/env.hpp"
+#include "kolo/core/error.hpp"
+#include "kolo/core/signature.hpp"
+#include "kolo/core/tensor.hpp"
+#include "kolo/topology/bootstrap.hpp"
+#include "kolo/transport/mesh.hpp"
+#include "kolo/transport/routed.hpp"
+#include "kolo/transport/transport.hpp"
+
+namespace kolo {
+
+struct CommunicatorOptions {
+  std::size_t segment_bytes = 256 * 1024;
+
+  static CommunicatorOptions from_env(const EnvLookup& env = process_env()) {
+    CommunicatorOptions o;
+    if (auto v = env_int(env, "KOLO_SEGMENT_BYTES", 64, 1ll << 30)) {
+      o.segment_bytes = static_cast<std::size_t>(*v);
+    }
+    return o;
+  }
+};
+
+template <Transport T = MeshTransport>
+class Communicator {
+ public:
+  using transport_type = T;
+
+  // Reads the environment contract, rendezvouses, and connects the transport.
+  static Communicator from_env() { return Communicator(Topology::from_env()); }
+
+  explicit Communicator(Topology topo, CommunicatorOptions opts = CommunicatorOptions::from_env())
+      : boot_(std::make_unique<Bootstrap>(std::move(topo))), opts_(opts) {
+    if constexpr (std::is_same_v<T, MeshTransport>) {
+      transport_ = std::make_unique<T>(*boot_, route_mode_from_env());
+    } else {
+      transport_ = std::make_unique<T>(*boot_);
+    }
+  }
+
+  Communicator(Communicator&&) noexcept = default;
+  Communicator& operator=(Communicator&&) noexcept = default;
+
+  int rank() const { return transport_->rank(); }
+  int size() const { return transport_->size(); }
+  int local_rank() const { return boot_->topology().local_rank; }
+  int local_size() const { return boot_->topology().local_size; }
+  int cross_rank() const { return boot_->topology().cross_rank; }
+  int cross_size() const { return boot_->topology().cross_size; }
+  const Topology& topology() const { return boot_->topology(); }
+  T& transport() { return *transport_; }
+  Bootstrap& bootstrap() { return *boot_; }
+
+  // ---- allreduce ----
+  void allreduce(TensorView in, TensorView out, ReduceOp op = ReduceOp::sum) {
+    run(Collective::allreduce, in.dtype, op, in.count, -1, 0, [&](const AlgoOptions& opt) {
+      check_cpu(in, "allreduce input");
+      check_cpu(out, "allreduce output");
+      same_type(in, out, "allreduce");
+      if (in.count != out.count) {
+        throw ConfigError("allreduce: input has " + std::to_string(in.count) +
+                          " elements but output has " + std::to_string(out.count));
+      }
+      allreduce_ring(*transport_, in.data, out.data, in.count, in.dtype, op, opt);
+    });
+  }
+  void allreduce(TensorView inout, ReduceOp op = ReduceOp::sum) { allreduce(inout, inout, op); }
+  template <class E>
+    requires is_kolo_element_v<E>
+  void allreduce(std::span<E> inout, ReduceOp op = ReduceOp::sum) {
+    allreduce(TensorView(inout), op);
+  }
+
+  // ---- allgather / allgatherv ----
+  void allgather(TensorView in, TensorView out) {
+    run(Collective::allgather, in.dtype, ReduceOp::sum, in.count, -1, 0,
+        [&](const AlgoOptions& opt) {
+          check_cpu(in, "allgather input");
+          check_cpu(out, "allgather output");
+          same_type(in, out, "allgather");
+          if (out.count != in.count * static_cast<std::size_t>(size())) {
+            throw ConfigError("allgather: output has " + std::to_string(out.count) +
+                              " elements, expected size x input = " + std::to_string(size()) +
+                              " x " + std::to_string(in.count));
+          }
+          allgather_ring(*transport_, in.data, out.data, in.count, dtype_size(in.dtype), opt);
+        });
+  }
+
+  void allgatherv(TensorView in, TensorView out, std::span<const std::size_t> counts) {
+    // The counts' hash travels in the signature: ranks that disagree on them are caught.
+    std::uint64_t h = 1469598103934665603ull;
+    for (std::size_t c : counts) h = (h ^ c) * 1099511628211ull;
+    run(Collective::allgatherv, in.dtype, ReduceOp::sum, in.count, -1, h,
+        [&](const AlgoOptions& opt) {
+          check_cpu(in, "allgatherv input");
+          check_cpu(out, "allgatherv output");
+          same_type(in, out, "allgatherv");
+          if (counts.size() != static_cast<std::size_t>(size())) {
+            throw ConfigError("allgatherv: counts has " + std::to_string(counts.size()) +
+                              " entries for " + std::to_string(size()) + " ranks");
+          }
+          if (counts[static_cast<std::size_t>(rank())] != in.count) {
+            throw ConfigError("allgatherv: counts[" + std::to_string(rank()) + "] = " +
+                              std::to_string(counts[static_cast<std::size_t>(rank())]) +
+                              " but this rank's input has " + std::to_string(in.count) +
+                              " elements");
+          }
+          const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+          if (out.count != total) {
+            throw ConfigError("allgatherv: output has " + std::to_string(out.count) +
+                              " elements, the counts add up to " + std::to_string(total));
+          }
+          allgatherv_ring(*transport_, in.data, out.data, counts, dtype_size(in.dtype), opt);
+        });
+  }
+
+  // ---- broadcast ----
+  void broadcast(TensorView data, int root = 0) {
+    run(Collective::broadcast, data.dtype, ReduceOp::sum, data.count, root, 0,
+        [&](const AlgoOptions& opt) {
+          check_cpu(data, "broadcast buffer");
+          check_root(root, "broadcast");
+          broadcast_chain(*transport_, data.data, data.bytes(), root, opt);
+        });
+  }
+  template <class E>
+    requires is_kolo_element_v<E>
+  void broadcast(std::span<E> data, int root = 0) {
+    broadcast(TensorView(data), root);
+  }
+
+  // ---- reduce_scatter ----
+  void reduce_scatter(TensorView in, TensorView out, ReduceOp op = ReduceOp::sum) {
+    run(Collective::reduce_scatter, in.dtype, op, out.count, -1, 0, [&](const AlgoOptions& opt) {
+      check_cpu(in, "reduce_scatter input");
+      check_cpu(out, "reduce_scatter output");
+      same_type(in, out, "reduce_scatter");
+      if (in.count != out.count * static_cast<std::size_t>(size())) {
+        throw ConfigError("reduce_scatter: input has " + std::to_string(in.count) +
+                          " elements, expected size x output = " + std::to_string(size()) +
+                          " x " + std::to_string(out.count));
+      }
+      reduce_scatter_ring(*transport_, in.data, out.data, out.count, in.dtype, op, scratch_, opt);
+    });
+  }
+
+  // ---- alltoall ----
+  void alltoall(TensorView in, TensorView out) {
+    run(Collective::alltoall, in.dtype, ReduceOp::sum, in.count, -1, 0,
+        [&](const AlgoOptions& opt) {
+          check_cpu(in, "alltoall input");
+          check_cpu(out, "alltoall output");
+          same_type(in, out, "alltoall");
+          if (in.count != out.count || in.count % static_cast<std::size_t>(size()) != 0) {
+            throw ConfigError("alltoall: input (" + std::to_string(in.count) + ") and output (" +
+                              std::to_string(out.count) +
+                              ") must have the same count, divisible by the size " +
+                              std::to_string(size()));
+          }
+          if (in.data == out.data && size() > 1) {
+            throw ConfigError("alltoall: in-place is not supported; pass distinct buffers");
+          }
+          alltoall_pairwise(*transport_, in.data, out.data,
+                            in.count / static_cast<std::size_t>(size()) * dtype_size(in.dtype),
+                            opt);
+        });
+  }
+
+  // ---- barrier ----
+  void barrier() {
+    run(Collective::barrier, DataType::uint8, ReduceOp::sum, 0, -1, 0,
+        [&](const AlgoOptions& opt) { barrier_dissemination(*transport_, opt); });
+  }
+
+ private:
+  template <class Body>
+  void run(Collective c, DataType dtype, ReduceOp op, std::size_t count, int root,
+           std::uint64_t extra, Body&& body) {
+    if (transport_->aborted()) transport_->rethrow();
+    AlgoOptions opt;
+    opt.sig.collective = c;
+    opt.sig.dtype = dtype;
+    opt.sig.op = op;
+    opt.sig.root = root;
+    opt.sig.count = count;
+    opt.sig.seq = ++seq_;
+    opt.sig.extra = extra;
+    opt.deadline = Deadline::after(transport_->timeout_seconds());
+    opt.segment_bytes = opts_.segment_bytes;
+    if (size() == 1 || c == Collective::barrier) {
+      try {
+        body(opt);
+      } catch (const Error& e) {
+        transport_->abort(e);
+        throw;
+      }
+      return;
+    }
+    try {
+      body(opt);
+    } catch (const Error& e) {
+      // Local argument errors reach the other ranks too, instead of leaving them to time out.
+      transport_->abort(e);
+      if (transport_->aborted()) transport_->rethrow();
+      throw;
+    }
+  }
+
+  static void check_cpu(const TensorView& v, const char* what) {
+    if (v.device != Device::cpu()) {
+      throw ConfigError(std::string(what) +
+                        " is on a CUDA device: host transports need host memory (use the NCCL "
+                        "transport for device buffers)");
+    }
+    if (v.data == nullptr && v.count > 0) {
+      throw ConfigError(std::string(what) + " is a null pointer with " + std::to_string(v.count) +
+                        " elements");
+    }
+  }
+  static void same_type(const TensorView& a, const TensorView& b, const char* what) {
+    if (a.dtype != b.dtype) {
+      throw ConfigError(std::string(what) + ": input is " + std::string(dtype_name(a.dtype)) +
+                        " but output is " + std::string(dtype_name(b.dtype)));
+    }
+  }
+  void check_root(int root, const char* what) const {
+    if (root < 0 || root >= size()) {
+      throw ConfigError(std::string(what) + ": root " + std::to_string(root) +
+                        " is not a rank of this communicator (size " + std::to_string(size()) +
+                        ")");
+    }
+  }
+
+  std::unique_ptr<Bootstrap> boot_;
+  std::unique_ptr<T> transport_;
+  CommunicatorOptions opts_;
+  std::uint64_t seq_ = 0;
+  std::vector<std::byte> scratch_;
+};
+
+}  // namespace kolo

@@ -1,0 +1,142 @@
+// kolo/topology/bootstrap.hpp — from the environment contract to a connected control plane.
+//
+// Bootstrap reads the Topology, connects to the rendezvous store (hosting it on rank 0 when the
+// launcher does not: torchrun's MASTER_ADDR/PORT and KOLO_PEERS), and derives local and cross
+// ranks by host key when the launcher did not export them. Transports use it to exchange their
+// addresses; after that the store is idle. Each Bootstrap in a process gets its own key prefix
+// in creation order, so ranks that create communicators in the same order (the rule for every
+// collective call) agree on it without talking.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kolo/core/error.hpp"
+#include "kolo/net/auth.hpp"
+#include "kolo/topology/store.hpp"
+#include "kolo/topology/topology.hpp"
+
+namespace kolo {
+
+class Bootstrap {
+ public:
+  explicit Bootstrap(Topology topo) : topo_(std::move(topo)) {
+    static std::atomic<int> counter{0};
+    prefix_ = "kolo/" + std::to_string(counter.fetch_add(1)) + "/";
+    if (topo_.size > 1) {
+      if (!topo_.store) throw ConfigError("no rendezvous store address for a multi-rank job");
+      if (topo_.host_store && topo_.rank == 0) {
+        // Rank 0 serves the store, on the inherited listening socket when the launcher gave one
+        // (KOLO_LISTEN_FD with KOLO_PEERS: no bind race), else on the advertised port.
+        if (topo_.listen_fd >= 0 && !topo_.peers.empty()) {
+          server_ = std::make_unique<StoreServer>(net::Socket(topo_.listen_fd), topo_.secret);
+          topo_.listen_fd = -1;  // consumed by the store
+        } else {
+          server_ = StoreServer::listen("0.0.0.0", topo_.store->port, topo_.secret);
+        }
+      }
+      store_ = std::make_unique<StoreClient>(*topo_.store, topo_.secret, topo_.rank,
+                                             topo_.timeout_seconds);
+    }
+    derive_hosts();
+  }
+
+  static Bootstrap from_env() { return Bootstrap(Topology::from_env()); }
+
+  const Topology& topology() const { return topo_; }
+  int rank() const { return topo_.rank; }
+  int size() const { return topo_.size; }
+  const std::vector<std::string>& host_keys() const { return host_keys_; }
+  bool same_host(int peer) const { return host_keys_[peer] == host_keys_[topo_.rank]; }
+  StoreClient* store() { return store_.get(); }
+  const std::string& prefix() const { return prefix_; }
+
+  // Every rank contributes `mine`; returns all contributions in rank order.
+  std::vector<std::string> allgather(const std::string& name, const std::string& mine) {
+    if (topo_.size == 1) return {mine};
+    const std::string base = prefix_ + name + "/";
+    store_->set(base + std::to_string(topo_.rank), mine);
+    std::vector<std::string> out(static_cast<std::size_t>(topo_.size));
+    for (int r = 0; r < topo_.size; ++r) {
+      out[static_cast<std::size_t>(r)] =
+          r == topo_.rank ? mine : store_->get(base + std::to_string(r));
+    }
+    return out;
+  }
+
+  // All ranks reach this point before any leaves (through the store: for setup only).
+  void barrier(const std::string& name) {
+    if (topo_.size == 1) return;
+    const std::string key = prefix_ + name + "/count";
+    const std::int64_t n = store_->add(key, 1);
+    if (n == topo_.size) store_->set(key + "/done", "1");
+    store_->get(key + "/done");
+  }
+
+  // The local-socket address other ranks should use to reach this rank: the interface through
+  // which this rank reaches the store (what Gloo and torch.distributed do), loopback otherwise.
+  std::string advertised_ip() const {
+    if (auto ip = topo_.advertise_ip; !ip.empty()) return ip;
+    return store_ ? store_ip_ : std::string("127.0.0.1");
+  }
+
+  // A random token shared by all ranks (names of shared-memory objects).
+  const std::string& job_token() {
+    if (token_.empty()) {
+      if (topo_.size == 1) {
+        token_ = net::generate_secret().substr(0, 16);
+      } else {
+        if (topo_.rank == 0) store_->set(prefix_ + "token", net::generate_secret().substr(0, 16));
+        token_ = store_->get(prefix_ + "token");
+      }
+    }
+    return token_;
+  }
+
+ private:
+  void derive_hosts() {
+    if (store_) store_ip_ = net::route_ip_to(topo_.store->host, topo_.store->port);
+    host_keys_ = allgather("hostkey", topo_.host_key);
+    std::map<std::string, int> host_index;  // host key -> cross rank, in order of first rank
+    std::vector<std::string> hosts;
+    for (const auto& k : host_keys_) {
+      if (host_index.emplace(k, static_cast<int>(hosts.size())).second) hosts.push_back(k);
+    }
+    int local_rank = 0;
+    int local_size = 0;
+    for (int r = 0; r < topo_.size; ++r) {
+      if (host_keys_[static_cast<std::size_t>(r)] != topo_.host_key) continue;
+      if (r < topo_.rank) ++local_rank;
+      ++local_size;
+    }
+    const int cross_rank = host_index[topo_.host_key];
+    const int cross_size = static_cast<int>(hosts.size());
+    // The launcher's values win when given; they must agree with the host keys.
+    auto check = [](const char* what, int given, int derived) {
+      if (given >= 0 && given != derived) {
+        throw ConfigError(std::string(what) + "=" + std::to_string(given) +
+                          " disagrees with the host layout seen through the store (" +
+                          std::to_string(derived) + "): ranks on one host must share KOLO_HOST_KEY");
+      }
+    };
+    check("KOLO_LOCAL_SIZE", topo_.local_size, local_size);
+    check("KOLO_CROSS_SIZE", topo_.cross_size, cross_size);
+    if (topo_.local_rank < 0) topo_.local_rank = local_rank;
+    if (topo_.local_size < 0) topo_.local_size = local_size;
+    if (topo_.cross_rank < 0) topo_.cross_rank = cross_rank;
+    if (topo_.cross_size < 0) topo_.cross_size = cross_size;
+  }
+
+  Topology topo_;
+  std::string prefix_;
+  std::unique_ptr<StoreServer> server_;
+  std::unique_ptr<StoreClient> store_;
+  std::vector<std::string> host_keys_;
+  std::string store_ip_;
+  std::string token_;
+};
+
+}  // namespace kolo
