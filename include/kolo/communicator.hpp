@@ -125,8 +125,13 @@ class Communicator {
   void allgatherv(TensorView in, TensorView out, std::span<const std::size_t> counts) {
     // The counts' hash travels in the signature: ranks that disagree on them are caught.
     std::uint64_t h = 1469598103934665603ull;
-    for (std::size_t c : counts) h = (h ^ c) * 1099511628211ull;
-    run(Collective::allgatherv, in.dtype, ReduceOp::sum, in.count, -1, h,
+    std::size_t sum = 0;
+    for (std::size_t c : counts) {
+      h = (h ^ c) * 1099511628211ull;
+      sum += c;
+    }
+    // Ranks contribute different counts here, so the signature carries the total.
+    run(Collective::allgatherv, in.dtype, ReduceOp::sum, sum, -1, h,
         [&](const AlgoOptions& opt) {
           check_cpu(in, "allgatherv input");
           check_cpu(out, "allgatherv output");
@@ -193,7 +198,7 @@ class Communicator {
                               ") must have the same count, divisible by the size " +
                               std::to_string(size()));
           }
-          if (in.data == out.data && size() > 1) {
+          if (in.data == out.data && in.count > 0 && size() > 1) {
             throw ConfigError("alltoall: in-place is not supported; pass distinct buffers");
           }
           alltoall_pairwise(*transport_, in.data, out.data,

@@ -249,8 +249,13 @@ class MeshTransport {
     for (const Request& r : reqs) wait(r, dl);
   }
 
-  // Blocks until at least one posted operation completes (or none is pending).
-  void wait_any_progress(const Deadline& dl) { block(dl); }
+  // Blocks until at least one operation has completed since this last returned (or none is
+  // pending). "Since this last returned", not "from now": an operation may complete inside an
+  // isend/irecv call (eager progress), and a caller that then waits must not miss it.
+  void wait_any_progress(const Deadline& dl) {
+    if (completions_ == seen_completions_) block(dl);
+    seen_completions_ = completions_;
+  }
 
   // ---------------- errors ----------------
 
@@ -1119,6 +1124,7 @@ class MeshTransport {
   std::vector<std::uint32_t> free_;
   std::size_t pending_ = 0;
   std::uint64_t completions_ = 0;
+  std::uint64_t seen_completions_ = 0;
   // shm
   std::vector<int> local_ranks_;
   std::vector<int> local_index_;

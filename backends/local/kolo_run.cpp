@@ -1,0 +1,1016 @@
+// kolo-run — the local launcher: `kolo-run -np N [-H host:slots,...] prog args...`.
+//
+// It does for kolo what mpirun/horovodrun do for MPI/Horovod, on one machine:
+//   * hosts the rendezvous store in-process, with a fresh secret per job;
+//   * starts N ranks, each with the environment contract of docs ENV.md (KOLO_RANK, ...);
+//   * ranks on "hosts" that are network namespaces (the multi-host tests) go through
+//     `ip netns exec`, so one machine can stand in for several;
+//   * prefixes every output line with "[rank] " and never mixes two ranks inside one line;
+//   * when one rank fails, gives the others a grace period to report their own errors (e.g. a
+//     PeerLostError naming the dead rank), then SIGTERM, then SIGKILL: a job never hangs.
+//
+// Everything runs in one thread around one poll() loop (rank pipes + a signalfd); deadlines
+// (--timeout, grace, kill) are poll timeouts, so kolo-run sleeps while the ranks work.
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kolo/core/deadline.hpp"
+#include "kolo/net/auth.hpp"
+#include "kolo/topology/store.hpp"
+
+extern char** environ;
+
+namespace {
+
+// Exit codes, following the shells and timeout(1) so scripts can tell the cases apart.
+constexpr int kExitInternal = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitTimeout = 124;
+constexpr int kExitNotExecutable = 126;
+constexpr int kExitNotFound = 127;
+
+// After SIGTERM, how long ranks get to exit before SIGKILL (fixed by the spec, like mpirun's).
+constexpr double kKillAfterTermSeconds = 2.0;
+// A "line" longer than this is emitted in pieces: one rank printing megabytes without a newline
+// must not make kolo-run buffer without bound.
+constexpr std::size_t kMaxLine = 64 * 1024;
+
+constexpr const char* kUsage =
+    "usage: kolo-run -np N [options] [--] program [args...]\n"
+    "\n"
+    "Starts N ranks of `program`, hosts kolo's rendezvous store, and gives each rank the\n"
+    "environment contract (KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,\n"
+    "KOLO_CROSS_RANK, KOLO_CROSS_SIZE, KOLO_STORE, KOLO_SECRET, KOLO_HOST_KEY).\n"
+    "\n"
+    "options:\n"
+    "  -np, -n, --np N           number of ranks (required, at least 1)\n"
+    "  -H, --hosts H:S[,H:S...]  hosts and their slot counts; ranks fill the hosts in order.\n"
+    "                            A host is this machine (localhost, 127.0.0.1, its hostname) or\n"
+    "                            a network namespace listed in /var/run/netns.\n"
+    "                            Default: all ranks on this machine.\n"
+    "  --store-host ADDR         address the ranks use to reach the store (required when a rank\n"
+    "                            runs in a network namespace)\n"
+    "  --timeout SECONDS         kill all ranks and exit 124 if the job runs longer\n"
+    "  --grace SECONDS           after a rank fails, how long the others may take to exit\n"
+    "                            before SIGTERM (default 3); SIGKILL follows 2 s later\n"
+    "  --no-prefix               do not prefix output lines with \"[rank] \"\n"
+    "  -h, --help                print this help\n"
+    "\n"
+    "exit status: 0 when every rank succeeded; otherwise the first failing rank's exit code\n"
+    "(128+S if it died of signal S); 124 after --timeout; 127 if the program is not found,\n"
+    "126 if it cannot be executed; 2 for bad arguments.\n";
+
+// ---------------------------------------------------------------------------------------------
+// Writing to kolo-run's own stdout/stderr.
+
+// All output, the ranks' and kolo-run's own messages, goes through write_all from the one thread,
+// and every call carries whole lines: that is what keeps lines from interleaving.
+class OutStream {
+ public:
+  explicit OutStream(int fd) : fd_(fd) {}
+
+  void write(std::string_view data) {
+    while (ok_ && !data.empty()) {
+      const ssize_t k = ::write(fd_, data.data(), data.size());
+      if (k > 0) {
+        data.remove_prefix(static_cast<std::size_t>(k));
+      } else if (k < 0 && errno == EINTR) {
+        continue;
+      } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        // Our stdout may be a non-blocking fd we inherited: wait for room rather than drop.
+        pollfd p{fd_, POLLOUT, 0};
+        ::poll(&p, 1, 1000);
+      } else {
+        // The reader went away (EPIPE) or the fd is bad: stop writing, but keep supervising
+        // the ranks, which matters more than their output.
+        ok_ = false;
+      }
+    }
+  }
+
+ private:
+  int fd_;
+  bool ok_ = true;
+};
+
+OutStream g_stdout(STDOUT_FILENO);
+OutStream g_stderr(STDERR_FILENO);
+
+void say(const std::string& msg) {
+  g_stderr.write("kolo-run: " + msg + "\n");
+}
+
+// Splits one rank stream into lines and re-emits them with the rank prefix.
+class LineRelay {
+ public:
+  LineRelay(OutStream* out, std::string prefix) : out_(out), prefix_(std::move(prefix)) {}
+
+  void feed(const char* data, std::size_t n) {
+    pending_.append(data, n);
+    std::string batch;
+    std::size_t start = 0;
+    for (;;) {
+      const std::size_t nl = pending_.find('\n', start);
+      if (nl == std::string::npos) break;
+      batch += prefix_;
+      batch.append(pending_, start, nl + 1 - start);
+      start = nl + 1;
+    }
+    pending_.erase(0, start);
+    if (pending_.size() >= kMaxLine) emit_pending(batch);
+    if (!batch.empty()) out_->write(batch);
+  }
+
+  // At EOF: a last line without '\n' is still output. With a prefix it gets a '\n' so the next
+  // rank's line starts on a line of its own; without one the bytes pass through unchanged.
+  void finish() {
+    std::string batch;
+    emit_pending(batch);
+    if (!batch.empty()) out_->write(batch);
+  }
+
+ private:
+  void emit_pending(std::string& batch) {
+    if (pending_.empty()) return;
+    batch += prefix_;
+    batch += pending_;
+    if (!prefix_.empty()) batch += '\n';
+    pending_.clear();
+  }
+
+  OutStream* out_;
+  std::string prefix_;
+  std::string pending_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Command line.
+
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Any other failure before the ranks start; carries the exit code to use.
+class LaunchError : public std::runtime_error {
+ public:
+  LaunchError(const std::string& what, int code) : std::runtime_error(what), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+struct HostSpec {
+  std::string name;
+  int slots = 0;
+};
+
+struct Options {
+  int np = 0;
+  std::vector<HostSpec> hosts;  // empty: all ranks on this machine, host key "local"
+  std::optional<std::string> store_host;
+  std::optional<double> timeout;
+  std::string timeout_text;  // as the user wrote it, for the timeout message
+  double grace = 3.0;
+  std::string grace_text = "3";
+  bool prefix = true;
+  bool help = false;
+  std::vector<std::string> command;
+};
+
+std::optional<long long> parse_int(std::string_view s) {
+  long long v = 0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_seconds(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (errno != 0 || end != s.c_str() + s.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+std::vector<HostSpec> parse_hosts(const std::string& value) {
+  std::vector<HostSpec> hosts;
+  std::set<std::string> seen;
+  std::string_view rest = value;
+  if (rest.empty()) throw UsageError("-H needs at least one host:slots entry");
+  for (;;) {
+    const auto comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    const auto colon = item.rfind(':');
+    if (item.empty() || colon == std::string_view::npos || colon == 0) {
+      throw UsageError("-H entry '" + std::string(item) + "' is not host:slots");
+    }
+    const std::string_view slots_text = item.substr(colon + 1);
+    const auto slots = parse_int(slots_text);
+    if (!slots || *slots < 1 || *slots > (1 << 20)) {
+      throw UsageError("-H entry '" + std::string(item) + "' has slots '" +
+                       std::string(slots_text) + "', which is not a positive integer");
+    }
+    HostSpec h{std::string(item.substr(0, colon)), static_cast<int>(*slots)};
+    // A repeated host would make its local ranks ambiguous (one host key, two slot groups).
+    if (!seen.insert(h.name).second) {
+      throw UsageError("-H lists host '" + h.name + "' twice; give its slots once");
+    }
+    hosts.push_back(std::move(h));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return hosts;
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  bool np_given = false;
+  std::optional<std::string> hosts_text;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    // The first word that is not an option is the program (mpirun's convention), so the
+    // program's own options need no "--".
+    if (arg.size() < 2 || arg[0] != '-') break;
+    std::string name = arg;
+    std::optional<std::string> inline_value;
+    if (arg.rfind("--", 0) == 0) {
+      if (const auto eq = arg.find('='); eq != std::string::npos) {
+        name = arg.substr(0, eq);
+        inline_value = arg.substr(eq + 1);
+      }
+    }
+    auto value = [&]() -> std::string {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= argc) throw UsageError("option " + name + " needs a value");
+      return argv[++i];
+    };
+    if (name == "-h" || name == "--help") {
+      o.help = true;
+      return o;
+    } else if (name == "-np" || name == "-n" || name == "--np") {
+      const std::string v = value();
+      const auto n = parse_int(v);
+      if (!n) throw UsageError(name + " '" + v + "' is not an integer");
+      if (*n < 1) throw UsageError(name + " " + v + ": the number of ranks must be at least 1");
+      if (*n > (1 << 20)) throw UsageError(name + " " + v + " is too many ranks");
+      o.np = static_cast<int>(*n);
+      np_given = true;
+    } else if (name == "-H" || name == "--hosts" || name == "--host") {
+      hosts_text = value();
+    } else if (name == "--store-host") {
+      o.store_host = value();
+      if (o.store_host->empty()) throw UsageError("--store-host needs a non-empty address");
+    } else if (name == "--timeout") {
+      o.timeout_text = value();
+      o.timeout = parse_seconds(o.timeout_text);
+      if (!o.timeout || *o.timeout <= 0) {
+        throw UsageError("--timeout '" + o.timeout_text + "' is not a positive number of seconds");
+      }
+    } else if (name == "--grace") {
+      const std::string v = value();
+      const auto g = parse_seconds(v);
+      if (!g || *g < 0) throw UsageError("--grace '" + v + "' is not a number of seconds >= 0");
+      o.grace = *g;
+      o.grace_text = v;
+    } else if (name == "--no-prefix") {
+      if (inline_value) throw UsageError("option --no-prefix takes no value");
+      o.prefix = false;
+    } else {
+      throw UsageError("unknown option '" + arg + "'");
+    }
+  }
+  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+
+  if (!np_given) throw UsageError("missing -np N (the number of ranks)");
+  if (o.command.empty()) throw UsageError("missing the program to run");
+  if (hosts_text) {
+    o.hosts = parse_hosts(*hosts_text);
+    long long slots = 0;
+    for (const auto& h : o.hosts) slots += h.slots;
+    if (slots < o.np) {
+      throw UsageError("-H gives " + std::to_string(slots) + " slot(s) in total but -np is " +
+                       std::to_string(o.np));
+    }
+  }
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where ranks run.
+
+enum class HostKind { this_machine, netns };
+
+bool is_this_machine(const std::string& h) {
+  if (h == "localhost" || h == "127.0.0.1" || h == "::1") return true;
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return false;
+  const std::string full(name);
+  return h == full || h == full.substr(0, full.find('.'));
+}
+
+bool is_netns(const std::string& h) {
+  // A name with '/' would let "-H ../../x" point anywhere: netns names are single components.
+  if (h.empty() || h == "." || h == ".." || h.find('/') != std::string::npos) return false;
+  struct stat st {};
+  return ::stat(("/var/run/netns/" + h).c_str(), &st) == 0;
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+struct RankPlan {
+  int local_rank = 0;
+  int local_size = 0;
+  int cross_rank = 0;
+  int cross_size = 0;
+  std::string host_key;
+  HostKind kind = HostKind::this_machine;
+};
+
+std::vector<RankPlan> plan_ranks(const Options& o) {
+  std::vector<HostSpec> hosts = o.hosts;
+  const bool default_host = hosts.empty();
+  if (default_host) hosts.push_back({"local", o.np});
+  std::vector<HostKind> kinds;
+  for (const auto& h : hosts) {
+    if (default_host || is_this_machine(h.name)) {
+      kinds.push_back(HostKind::this_machine);
+    } else if (is_netns(h.name)) {
+      kinds.push_back(HostKind::netns);
+    } else {
+      throw LaunchError("host " + h.name +
+                            " is not reachable from kolo-run (this machine or a network "
+                            "namespace); use localhost, 127.0.0.1, this machine's hostname, or "
+                            "a namespace listed in /var/run/netns",
+                        kExitUsage);
+    }
+  }
+  // Fill hosts in -H order; hosts left without ranks do not count as hosts of the job.
+  std::vector<RankPlan> plan;
+  int cross = 0;
+  for (std::size_t h = 0; h < hosts.size() && static_cast<int>(plan.size()) < o.np; ++h) {
+    const int here = std::min(hosts[h].slots, o.np - static_cast<int>(plan.size()));
+    for (int l = 0; l < here; ++l) {
+      RankPlan p;
+      p.local_rank = l;
+      p.local_size = here;
+      p.cross_rank = cross;
+      p.host_key = hosts[h].name;
+      p.kind = kinds[h];
+      plan.push_back(std::move(p));
+    }
+    ++cross;
+  }
+  for (auto& p : plan) p.cross_size = cross;
+  return plan;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding the program (before anything starts, so a typo costs no half-started job).
+
+std::string getenv_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string(fallback);
+}
+
+// Resolves `prog` like execvp would. Throws LaunchError 127 (not found) or 126 (found, but
+// not an executable file), naming the path.
+std::string resolve_program(const std::string& prog) {
+  auto check = [](const std::string& path) -> int {  // 0 ok, else errno
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return errno;
+    if (S_ISDIR(st.st_mode)) return EISDIR;
+    if (::access(path.c_str(), X_OK) != 0) return errno;
+    return 0;
+  };
+  if (prog.find('/') != std::string::npos) {
+    const int err = check(prog);
+    if (err == 0) return prog;
+    throw LaunchError("cannot execute '" + prog + "': " + std::strerror(err),
+                      err == ENOENT || err == ENOTDIR ? kExitNotFound : kExitNotExecutable);
+  }
+  const std::string path = getenv_or("PATH", "/usr/local/bin:/usr/bin:/bin");
+  std::optional<std::pair<std::string, int>> unusable;
+  std::string_view rest = path;
+  for (;;) {
+    const auto colon = rest.find(':');
+    std::string dir(rest.substr(0, colon));
+    if (dir.empty()) dir = ".";  // POSIX: an empty PATH entry is the current directory
+    const std::string candidate = dir + "/" + prog;
+    const int err = check(candidate);
+    if (err == 0) return candidate;
+    if (err != ENOENT && err != ENOTDIR && !unusable) unusable.emplace(candidate, err);
+    if (colon == std::string_view::npos) break;
+    rest.remove_prefix(colon + 1);
+  }
+  if (unusable) {
+    throw LaunchError(
+        "cannot execute '" + unusable->first + "': " + std::strerror(unusable->second),
+        kExitNotExecutable);
+  }
+  throw LaunchError("cannot execute '" + prog + "': not found in PATH=" + path, kExitNotFound);
+}
+
+std::string find_ip_command() {
+  // `ip` lives in sbin, which a user's PATH often lacks.
+  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+    if (::access(p, X_OK) == 0) return p;
+  }
+  try {
+    return resolve_program("ip");
+  } catch (const LaunchError&) {
+    throw LaunchError(
+        "the ip command (iproute2) is needed to start ranks in a network namespace, but it was "
+        "not found in /usr/sbin, /sbin or PATH",
+        kExitNotFound);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals.
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGINT:
+      return "SIGINT";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGILL:
+      return "SIGILL";
+    case SIGTRAP:
+      return "SIGTRAP";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGUSR2:
+      return "SIGUSR2";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGALRM:
+      return "SIGALRM";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGXCPU:
+      return "SIGXCPU";
+    case SIGXFSZ:
+      return "SIGXFSZ";
+    case SIGSYS:
+      return "SIGSYS";
+    default:
+      return nullptr;
+  }
+}
+
+std::string describe_signal(int sig) {
+  const char* n = signal_name(sig);
+  return std::to_string(sig) + (n ? std::string(" (") + n + ")" : std::string());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The job.
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+struct Rank {
+  int index = 0;
+  pid_t pid = -1;  // also its process group id
+  bool alive = false;
+  bool signalled = false;  // kolo-run itself sent it a signal: its death is not "a failure"
+  int out_fd = -1;
+  int err_fd = -1;
+  std::unique_ptr<LineRelay> out;
+  std::unique_ptr<LineRelay> err;
+};
+
+class Job {
+ public:
+  Job(Options opts, std::vector<RankPlan> plan) : o_(std::move(opts)), plan_(std::move(plan)) {}
+
+  ~Job() {
+    // Reached early only on an error path: nothing may outlive kolo-run.
+    for (auto& r : ranks_) {
+      if (r.alive) ::kill(-r.pid, SIGKILL);
+      close_fd(r.out_fd);
+      close_fd(r.err_fd);
+    }
+    if (sigfd_ >= 0) ::close(sigfd_);
+    if (devnull_ >= 0) ::close(devnull_);
+  }
+
+  int run() {
+    setup_signals();
+    resolve_paths();
+    start_store();
+    prepare_env();
+    for (int r = 0; r < o_.np; ++r) spawn(r);
+    if (o_.timeout) timeout_deadline_ = kolo::Deadline::after(*o_.timeout);
+    loop();
+    store_->stop();
+    if (timed_out_) return kExitTimeout;
+    if (first_failure_) return *first_failure_;
+    if (interrupt_signal_) return 128 + interrupt_signal_;
+    return 0;
+  }
+
+ private:
+  enum class Phase { running, grace, terminating, killing };
+
+  // Signals are taken through a signalfd in the poll loop, so they are blocked first: before
+  // the store's threads exist (they inherit the mask, and a SIGINT delivered to one of them
+  // would otherwise kill kolo-run without cleaning up).
+  void setup_signals() {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
+    if (::sigprocmask(SIG_BLOCK, &set, &orig_mask_) != 0) {
+      throw LaunchError(std::string("sigprocmask failed: ") + std::strerror(errno), kExitInternal);
+    }
+    sigfd_ = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sigfd_ < 0) {
+      throw LaunchError(std::string("signalfd failed: ") + std::strerror(errno), kExitInternal);
+    }
+    // A reader closing our stdout must not kill the launcher of a running job.
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    ::sigaction(SIGPIPE, &ign, &orig_sigpipe_);
+  }
+
+  void resolve_paths() {
+    program_ = resolve_program(o_.command[0]);
+    const bool any_netns = std::any_of(plan_.begin(), plan_.end(),
+                                       [](const RankPlan& p) { return p.kind == HostKind::netns; });
+    if (any_netns) {
+      if (!o_.store_host) {
+        std::string ns;
+        for (const auto& p : plan_) {
+          if (p.kind == HostKind::netns) {
+            ns = p.host_key;
+            break;
+          }
+        }
+        throw LaunchError(
+            "host " + ns +
+                " is a network namespace, which cannot reach a store on 127.0.0.1: pass "
+                "--store-host ADDR with an address of this machine reachable from it",
+            kExitUsage);
+      }
+      ip_ = find_ip_command();
+    }
+  }
+
+  void start_store() {
+    const bool all_local = std::all_of(plan_.begin(), plan_.end(), [](const RankPlan& p) {
+      return p.kind == HostKind::this_machine;
+    });
+    // Loopback keeps a single-machine job's store invisible to the network; ranks in other
+    // namespaces need it on every interface.
+    std::string bind = "127.0.0.1";
+    if (!all_local || (o_.store_host && !is_loopback(*o_.store_host))) {
+      bind = o_.store_host && o_.store_host->find(':') != std::string::npos ? "::" : "0.0.0.0";
+    }
+    secret_ = kolo::net::generate_secret();
+    try {
+      store_ = kolo::StoreServer::listen(bind, 0, secret_);
+    } catch (const std::exception& e) {
+      throw LaunchError(
+          std::string("cannot start the rendezvous store on ") + bind + ": " + e.what(),
+          kExitInternal);
+    }
+    const std::string host = o_.store_host.value_or("127.0.0.1");
+    const std::string shown = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+    store_addr_ = shown + ":" + std::to_string(store_->port());
+  }
+
+  void prepare_env() {
+    // Variables kolo-run sets per rank replace inherited ones. KOLO_PEERS and KOLO_LISTEN_FD
+    // describe the job kolo-run itself may be part of (a stale fd number, another job's
+    // peers) and would mislead the ranks, so they are dropped.
+    static const std::set<std::string> replaced = {
+        "KOLO_RANK",       "KOLO_SIZE",       "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE",
+        "KOLO_CROSS_RANK", "KOLO_CROSS_SIZE", "KOLO_STORE",      "KOLO_SECRET",
+        "KOLO_HOST_KEY",   "KOLO_PEERS",      "KOLO_LISTEN_FD"};
+    for (char** e = environ; *e; ++e) {
+      const std::string_view kv(*e);
+      const std::string name(kv.substr(0, kv.find('=')));
+      if (!replaced.count(name)) base_env_.emplace_back(kv);
+    }
+    devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    // Ranks run in their own process groups, so a rank reading a terminal would be stopped by
+    // SIGTTIN; rank 0 therefore gets stdin only when it is not a terminal (a file or pipe).
+    rank0_stdin_ = ::isatty(STDIN_FILENO) ? devnull_ : STDIN_FILENO;
+  }
+
+  std::vector<std::string> env_for(int r) const {
+    const RankPlan& p = plan_[static_cast<std::size_t>(r)];
+    std::vector<std::string> env = base_env_;
+    auto add = [&](const char* k, const std::string& v) {
+      env.push_back(std::string(k) + "=" + v);
+    };
+    add("KOLO_RANK", std::to_string(r));
+    add("KOLO_SIZE", std::to_string(o_.np));
+    add("KOLO_LOCAL_RANK", std::to_string(p.local_rank));
+    add("KOLO_LOCAL_SIZE", std::to_string(p.local_size));
+    add("KOLO_CROSS_RANK", std::to_string(p.cross_rank));
+    add("KOLO_CROSS_SIZE", std::to_string(p.cross_size));
+    add("KOLO_STORE", store_addr_);
+    add("KOLO_SECRET", secret_);
+    add("KOLO_HOST_KEY", p.host_key);
+    return env;
+  }
+
+  static void close_fd(int& fd) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+
+  void spawn(int r) {
+    const RankPlan& p = plan_[static_cast<std::size_t>(r)];
+    // Everything the child needs is built here: between fork and exec only async-signal-safe
+    // calls are allowed (the store's threads may hold the allocator's locks).
+    std::vector<std::string> args;
+    if (p.kind == HostKind::netns) args = {ip_, "netns", "exec", p.host_key};
+    args.push_back(program_);
+    args.insert(args.end(), o_.command.begin() + 1, o_.command.end());
+    const std::string exe = args[0];
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env = env_for(r);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    int out[2], err[2], status_pipe[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
+        ::pipe2(status_pipe, O_CLOEXEC) != 0) {
+      throw LaunchError(
+          "cannot create pipes for rank " + std::to_string(r) + ": " + std::strerror(errno),
+          kExitInternal);
+    }
+    const int in_fd = r == 0 ? rank0_stdin_ : devnull_;
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      throw LaunchError(
+          "cannot start rank " + std::to_string(r) + ": fork failed: " + std::strerror(errno),
+          kExitInternal);
+    }
+    if (pid == 0) {
+      // Own process group: kolo-run signals the rank together with whatever it starts.
+      ::setpgid(0, 0);
+      // Die with kolo-run, whatever kills it. (The signal follows the death of the forking
+      // *thread*; this is the main thread, which lives as long as kolo-run.)
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(kExitInternal);  // kolo-run died before prctl
+      auto to = [](int fd, int target) {
+        if (fd == target) {
+          ::fcntl(fd, F_SETFD, 0);  // dup2 onto itself would keep O_CLOEXEC
+        } else {
+          ::dup2(fd, target);
+        }
+      };
+      to(in_fd, STDIN_FILENO);
+      to(out[1], STDOUT_FILENO);
+      to(err[1], STDERR_FILENO);
+      ::sigprocmask(SIG_SETMASK, &orig_mask_, nullptr);
+      ::sigaction(SIGPIPE, &orig_sigpipe_, nullptr);
+      ::execve(exe.c_str(), argv.data(), envp.data());
+      const int e = errno;
+      [[maybe_unused]] ssize_t k = ::write(status_pipe[1], &e, sizeof(e));
+      ::_exit(e == ENOENT ? kExitNotFound : kExitNotExecutable);
+    }
+    ::setpgid(pid, pid);  // also from here, so kill(-pid) works whichever runs first
+    ::close(out[1]);
+    ::close(err[1]);
+    ::close(status_pipe[1]);
+
+    Rank rank;
+    rank.index = r;
+    rank.pid = pid;
+    rank.alive = true;
+    rank.out_fd = out[0];
+    rank.err_fd = err[0];
+    const std::string prefix = o_.prefix ? "[" + std::to_string(r) + "] " : std::string();
+    rank.out = std::make_unique<LineRelay>(&g_stdout, prefix);
+    rank.err = std::make_unique<LineRelay>(&g_stderr, prefix);
+    ::fcntl(rank.out_fd, F_SETFL, O_NONBLOCK);
+    ::fcntl(rank.err_fd, F_SETFL, O_NONBLOCK);
+    ranks_.push_back(std::move(rank));
+
+    // The status pipe closes on a successful exec (O_CLOEXEC) or carries exec's errno.
+    int exec_errno = 0;
+    ssize_t k;
+    do {
+      k = ::read(status_pipe[0], &exec_errno, sizeof(exec_errno));
+    } while (k < 0 && errno == EINTR);
+    ::close(status_pipe[0]);
+    if (k == static_cast<ssize_t>(sizeof(exec_errno))) {
+      throw LaunchError("cannot execute '" + exe + "' for rank " + std::to_string(r) + ": " +
+                            std::strerror(exec_errno),
+                        exec_errno == ENOENT ? kExitNotFound : kExitNotExecutable);
+    }
+  }
+
+  // --- the poll loop --------------------------------------------------------------------------
+
+  void loop() {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Rank*, bool>> owners;  // per fds entry after the signalfd: rank, is_err
+    while (std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.alive; })) {
+      fds.clear();
+      owners.clear();
+      fds.push_back({sigfd_, POLLIN, 0});
+      for (auto& r : ranks_) {
+        if (r.out_fd >= 0) {
+          fds.push_back({r.out_fd, POLLIN, 0});
+          owners.emplace_back(&r, false);
+        }
+        if (r.err_fd >= 0) {
+          fds.push_back({r.err_fd, POLLIN, 0});
+          owners.emplace_back(&r, true);
+        }
+      }
+      const int rc = ::poll(fds.data(), fds.size(), next_timeout_ms());
+      if (rc < 0 && errno != EINTR) {
+        throw LaunchError(std::string("poll failed: ") + std::strerror(errno), kExitInternal);
+      }
+      if (rc > 0) {
+        for (std::size_t i = 1; i < fds.size(); ++i) {
+          if (fds[i].revents != 0) read_some(*owners[i - 1].first, owners[i - 1].second, 1);
+        }
+        if (fds[0].revents != 0) handle_signals();
+      }
+      reap();  // also without SIGCHLD: signalfd merges signals, reaping is idempotent
+      check_deadlines();
+    }
+    // Every rank is gone: what they wrote is already in the pipes. Anything a leftover
+    // grandchild writes later is not waited for (it could hold the pipe open for ever).
+    for (auto& r : ranks_) {
+      drain(r);
+      r.out->finish();
+      r.err->finish();
+      close_fd(r.out_fd);
+      close_fd(r.err_fd);
+    }
+    if (phase_ != Phase::running) {
+      // A torn-down job leaves nothing behind: the groups may still hold helpers the ranks
+      // started.
+      for (auto& r : ranks_) ::kill(-r.pid, SIGKILL);
+    }
+  }
+
+  // Reads up to `max_reads` chunks from one of a rank's pipes; returns false at EOF/error.
+  bool read_some(Rank& r, bool is_err, int max_reads) {
+    int& fd = is_err ? r.err_fd : r.out_fd;
+    LineRelay& relay = is_err ? *r.err : *r.out;
+    char buf[65536];
+    for (int n = 0; fd >= 0 && n < max_reads; ++n) {
+      const ssize_t k = ::read(fd, buf, sizeof(buf));
+      if (k > 0) {
+        relay.feed(buf, static_cast<std::size_t>(k));
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      relay.finish();  // EOF (or a broken pipe): flush a partial last line
+      close_fd(fd);
+      return false;
+    }
+    return fd >= 0;
+  }
+
+  // Takes what a rank left in its pipes, bounded so a chatty grandchild cannot stall us.
+  void drain(Rank& r) {
+    read_some(r, false, 256);
+    read_some(r, true, 256);
+  }
+
+  int next_timeout_ms() const {
+    std::optional<kolo::Deadline> next;
+    auto consider = [&](const std::optional<kolo::Deadline>& d) {
+      if (d) next = next ? next->earlier(*d) : *d;
+    };
+    if (!timed_out_ && phase_ < Phase::terminating) consider(timeout_deadline_);
+    if (phase_ == Phase::grace) consider(grace_deadline_);
+    if (phase_ == Phase::terminating) consider(kill_deadline_);
+    if (!next) return -1;
+    // +1 ms: poll rounds down, and waking just before a deadline would spin once more.
+    return next->expired() ? 0 : next->remaining_ms() + 1;
+  }
+
+  void handle_signals() {
+    signalfd_siginfo si;
+    while (::read(sigfd_, &si, sizeof(si)) == static_cast<ssize_t>(sizeof(si))) {
+      const int sig = static_cast<int>(si.ssi_signo);
+      if (sig == SIGCHLD) continue;  // reap() runs after every wake-up
+      if (interrupt_signal_ == 0) {
+        interrupt_signal_ = sig;
+        say(std::string("received ") + signal_name(sig) + "; forwarding it to all ranks");
+        signal_ranks(sig, false);
+        begin_grace();
+      } else {
+        // A second Ctrl-C means "now": the user is not waiting for the grace period.
+        say(std::string("received ") + signal_name(sig) + " again; killing all ranks");
+        signal_ranks(SIGKILL, false);
+        phase_ = Phase::killing;
+      }
+    }
+  }
+
+  void reap() {
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) return;
+      auto it = std::find_if(ranks_.begin(), ranks_.end(),
+                             [&](const Rank& r) { return r.pid == pid && r.alive; });
+      if (it == ranks_.end()) continue;
+      Rank& r = *it;
+      r.alive = false;
+      // The rank's last words (e.g. its exception) come before kolo-run's verdict on it.
+      drain(r);
+      int code = 0;
+      std::string how;
+      if (WIFEXITED(status)) {
+        code = WEXITSTATUS(status);
+        how = "exited with code " + std::to_string(code);
+      } else if (WIFSIGNALED(status)) {
+        code = 128 + WTERMSIG(status);
+        how = "killed by signal " + describe_signal(WTERMSIG(status));
+        if (WCOREDUMP(status)) how += " (core dumped)";
+      }
+      if (code == 0 || r.signalled) continue;  // success, or the death kolo-run asked for
+      say("rank " + std::to_string(r.index) + " " + how);
+      if (!first_failure_) {
+        first_failure_ = code;
+        failed_rank_ = r.index;
+        begin_grace();
+      }
+    }
+  }
+
+  void begin_grace() {
+    if (phase_ != Phase::running) return;
+    phase_ = Phase::grace;
+    grace_deadline_ = kolo::Deadline::after(o_.grace);
+  }
+
+  // Signals the process group of every rank still running (and, with `all_groups`, also of
+  // ranks already gone, whose helpers may still run in their groups).
+  std::vector<int> signal_ranks(int sig, bool all_groups) {
+    std::vector<int> hit;
+    for (auto& r : ranks_) {
+      if (!r.alive && !all_groups) continue;
+      ::kill(-r.pid, sig);  // ESRCH is fine: the group is already empty
+      if (r.alive) {
+        r.signalled = true;
+        hit.push_back(r.index);
+      }
+    }
+    return hit;
+  }
+
+  void check_deadlines() {
+    if (!timed_out_ && phase_ < Phase::terminating && timeout_deadline_ &&
+        timeout_deadline_->expired()) {
+      timed_out_ = true;
+      say("job exceeded --timeout " + o_.timeout_text + " seconds; killing all ranks");
+      terminate();
+      return;
+    }
+    if (phase_ == Phase::grace && grace_deadline_->expired()) {
+      terminate();
+    } else if (phase_ == Phase::terminating && kill_deadline_->expired()) {
+      phase_ = Phase::killing;
+      const auto hit = signal_ranks(SIGKILL, true);
+      if (!hit.empty()) {
+        say("sending SIGKILL to rank(s) " + rank_list(hit) + " (still running " +
+            std::to_string(static_cast<int>(kKillAfterTermSeconds)) + " s after SIGTERM)");
+      }
+    }
+  }
+
+  void terminate() {
+    phase_ = Phase::terminating;
+    kill_deadline_ = kolo::Deadline::after(kKillAfterTermSeconds);
+    const auto hit = signal_ranks(SIGTERM, true);
+    if (!hit.empty() && !timed_out_) {
+      const std::string after =
+          failed_rank_ >= 0 ? "rank " + std::to_string(failed_rank_) + " failed"
+                            : "the forwarded " + std::string(signal_name(interrupt_signal_));
+      say("sending SIGTERM to rank(s) " + rank_list(hit) + " (still running " + o_.grace_text +
+          " s after " + after + ")");
+    }
+  }
+
+  Options o_;
+  std::vector<RankPlan> plan_;
+  std::string program_;
+  std::string ip_;
+  std::string secret_;
+  std::string store_addr_;
+  std::unique_ptr<kolo::StoreServer> store_;
+  std::vector<std::string> base_env_;
+  std::vector<Rank> ranks_;
+  int devnull_ = -1;
+  int rank0_stdin_ = STDIN_FILENO;
+  int sigfd_ = -1;
+  sigset_t orig_mask_{};
+  struct sigaction orig_sigpipe_ {};
+
+  Phase phase_ = Phase::running;
+  std::optional<kolo::Deadline> timeout_deadline_;
+  std::optional<kolo::Deadline> grace_deadline_;
+  std::optional<kolo::Deadline> kill_deadline_;
+  bool timed_out_ = false;
+  int interrupt_signal_ = 0;
+  std::optional<int> first_failure_;
+  int failed_rank_ = -1;
+};
+
+// Pipes and /dev/null must not land on fds 0-2 if kolo-run was started with one closed: a
+// rank's dup2 onto stdout would then be confused with the pipe itself.
+void ensure_std_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      const int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (n >= 0 && n != fd) ::close(n);  // open takes the lowest free fd, i.e. `fd`
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ensure_std_fds();
+  Options opts;
+  try {
+    opts = parse_args(argc, argv);
+  } catch (const UsageError& e) {
+    g_stderr.write(std::string("kolo-run: ") + e.what() + "\n\n" + kUsage);
+    return kExitUsage;
+  }
+  if (opts.help) {
+    g_stdout.write(kUsage);
+    return 0;
+  }
+  try {
+    auto plan = plan_ranks(opts);
+    Job job(std::move(opts), std::move(plan));
+    return job.run();
+  } catch (const LaunchError& e) {
+    say(e.what());
+    return e.code();
+  } catch (const std::exception& e) {
+    say(std::string("internal error: ") + e.what());
+    return kExitInternal;
+  }
+}
