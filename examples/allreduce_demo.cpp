@@ -37,12 +37,12 @@ int main(int argc, char** argv) {
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
         rounds;
 
-    std::printf("rank %d/%d (local %d/%d, host %d/%d): sum of %zu floats = %g (expected %g), "
-                "average = %g, %s; allreduce %.1f us, %.2f GB/s algbw\n",
-                rank, size, comm.local_rank(), comm.local_size(), comm.cross_rank(),
-                comm.cross_size(), n, n ? static_cast<double>(data[0]) : 0.0,
-                static_cast<double>(expect), n ? avg[0] : 0.0, wrong ? "WRONG" : "correct", us,
-                static_cast<double>(n * sizeof(float)) / us / 1e3);
+    std::printf(
+        "rank %d/%d (local %d/%d, host %d/%d): sum of %zu floats = %g (expected %g), "
+        "average = %g, %s; allreduce %.1f us, %.2f GB/s algbw\n",
+        rank, size, comm.local_rank(), comm.local_size(), comm.cross_rank(), comm.cross_size(), n,
+        n ? static_cast<double>(data[0]) : 0.0, static_cast<double>(expect), n ? avg[0] : 0.0,
+        wrong ? "WRONG" : "correct", us, static_cast<double>(n * sizeof(float)) / us / 1e3);
     return wrong ? 1 : 0;
   } catch (const kolo::Error& e) {
     std::fprintf(stderr, "allreduce_demo: %s: %s\n", kolo::error_kind_name(e.kind()), e.what());

@@ -101,7 +101,7 @@ class Communicator {
   }
   void allreduce(TensorView inout, ReduceOp op = ReduceOp::sum) { allreduce(inout, inout, op); }
   template <class E>
-    requires is_kolo_element_v<E>
+  requires is_kolo_element_v<E>
   void allreduce(std::span<E> inout, ReduceOp op = ReduceOp::sum) {
     allreduce(TensorView(inout), op);
   }
@@ -131,28 +131,26 @@ class Communicator {
       sum += c;
     }
     // Ranks contribute different counts here, so the signature carries the total.
-    run(Collective::allgatherv, in.dtype, ReduceOp::sum, sum, -1, h,
-        [&](const AlgoOptions& opt) {
-          check_cpu(in, "allgatherv input");
-          check_cpu(out, "allgatherv output");
-          same_type(in, out, "allgatherv");
-          if (counts.size() != static_cast<std::size_t>(size())) {
-            throw ConfigError("allgatherv: counts has " + std::to_string(counts.size()) +
-                              " entries for " + std::to_string(size()) + " ranks");
-          }
-          if (counts[static_cast<std::size_t>(rank())] != in.count) {
-            throw ConfigError("allgatherv: counts[" + std::to_string(rank()) + "] = " +
-                              std::to_string(counts[static_cast<std::size_t>(rank())]) +
-                              " but this rank's input has " + std::to_string(in.count) +
-                              " elements");
-          }
-          const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-          if (out.count != total) {
-            throw ConfigError("allgatherv: output has " + std::to_string(out.count) +
-                              " elements, the counts add up to " + std::to_string(total));
-          }
-          allgatherv_ring(*transport_, in.data, out.data, counts, dtype_size(in.dtype), opt);
-        });
+    run(Collective::allgatherv, in.dtype, ReduceOp::sum, sum, -1, h, [&](const AlgoOptions& opt) {
+      check_cpu(in, "allgatherv input");
+      check_cpu(out, "allgatherv output");
+      same_type(in, out, "allgatherv");
+      if (counts.size() != static_cast<std::size_t>(size())) {
+        throw ConfigError("allgatherv: counts has " + std::to_string(counts.size()) +
+                          " entries for " + std::to_string(size()) + " ranks");
+      }
+      if (counts[static_cast<std::size_t>(rank())] != in.count) {
+        throw ConfigError("allgatherv: counts[" + std::to_string(rank()) +
+                          "] = " + std::to_string(counts[static_cast<std::size_t>(rank())]) +
+                          " but this rank's input has " + std::to_string(in.count) + " elements");
+      }
+      const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+      if (out.count != total) {
+        throw ConfigError("allgatherv: output has " + std::to_string(out.count) +
+                          " elements, the counts add up to " + std::to_string(total));
+      }
+      allgatherv_ring(*transport_, in.data, out.data, counts, dtype_size(in.dtype), opt);
+    });
   }
 
   // ---- broadcast ----
@@ -165,10 +163,8 @@ class Communicator {
         });
   }
   template <class E>
-    requires is_kolo_element_v<E>
-  void broadcast(std::span<E> data, int root = 0) {
-    broadcast(TensorView(data), root);
-  }
+  requires is_kolo_element_v<E>
+  void broadcast(std::span<E> data, int root = 0) { broadcast(TensorView(data), root); }
 
   // ---- reduce_scatter ----
   void reduce_scatter(TensorView in, TensorView out, ReduceOp op = ReduceOp::sum) {
@@ -178,8 +174,8 @@ class Communicator {
       same_type(in, out, "reduce_scatter");
       if (in.count != out.count * static_cast<std::size_t>(size())) {
         throw ConfigError("reduce_scatter: input has " + std::to_string(in.count) +
-                          " elements, expected size x output = " + std::to_string(size()) +
-                          " x " + std::to_string(out.count));
+                          " elements, expected size x output = " + std::to_string(size()) + " x " +
+                          std::to_string(out.count));
       }
       reduce_scatter_ring(*transport_, in.data, out.data, out.count, in.dtype, op, scratch_, opt);
     });

@@ -3,7 +3,8 @@
 //
 // Every send and receive is posted at once; the transport progresses them together, so all
 // n-1 peers transfer in parallel (shared memory channels and sockets are independent). Ordering
-// by distance (r+s, r-s) spreads the load when the transport serialises. Cost: (n-1)·α + (n-1)/n·S·β.
+// by distance (r+s, r-s) spreads the load when the transport serialises. Cost: (n-1)·α +
+// (n-1)/n·S·β.
 #pragma once
 
 #include <cstring>

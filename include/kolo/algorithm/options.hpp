@@ -33,6 +33,8 @@ inline BlockRange even_block(std::size_t total, int n, int b) {
   return {ub * base + std::min(ub, extra), base + (ub < extra ? 1 : 0)};
 }
 
-inline int mod(int a, int n) { return ((a % n) + n) % n; }
+inline int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
 
 }  // namespace kolo

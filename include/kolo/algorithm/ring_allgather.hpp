@@ -23,7 +23,9 @@ void allgatherv_ring(T& t, const void* in, void* out, std::span<const std::size_
   const int n = t.size();
   const int r = t.rank();
   std::vector<std::size_t> offset(static_cast<std::size_t>(n) + 1, 0);
-  for (int i = 0; i < n; ++i) offset[static_cast<std::size_t>(i) + 1] = offset[static_cast<std::size_t>(i)] + counts[static_cast<std::size_t>(i)];
+  for (int i = 0; i < n; ++i)
+    offset[static_cast<std::size_t>(i) + 1] =
+        offset[static_cast<std::size_t>(i)] + counts[static_cast<std::size_t>(i)];
   auto* dst = static_cast<std::byte*>(out);
   const auto* src = static_cast<const std::byte*>(in);
   auto at = [&](int b) { return dst + offset[static_cast<std::size_t>(b)] * elem_size; };

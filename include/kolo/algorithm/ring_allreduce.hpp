@@ -24,8 +24,8 @@
 namespace kolo {
 
 template <Transport T>
-void allreduce_ring(T& t, const void* in, void* out, std::size_t count, DataType dtype,
-                    ReduceOp op, const AlgoOptions& opt) {
+void allreduce_ring(T& t, const void* in, void* out, std::size_t count, DataType dtype, ReduceOp op,
+                    const AlgoOptions& opt) {
   const int n = t.size();
   const int r = t.rank();
   const std::size_t es = dtype_size(dtype);
@@ -49,8 +49,8 @@ void allreduce_ring(T& t, const void* in, void* out, std::size_t count, DataType
   // Allgather: this rank now owns block r+1; at stage u send block r+1-u, receive block r-u.
   for (int u = 0; u < n - 1; ++u) {
     const BlockRange sb = block(r + 1 - u), rb = block(r - u);
-    stages.push_back({dst + sb.begin * es, sb.count * es, dst + rb.begin * es, nullptr,
-                      rb.count * es});
+    stages.push_back(
+        {dst + sb.begin * es, sb.count * es, dst + rb.begin * es, nullptr, rb.count * es});
   }
   const std::size_t last_rs = static_cast<std::size_t>(n - 2);
   const BlockRange owned = block(r + 1);

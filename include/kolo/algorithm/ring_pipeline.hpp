@@ -24,8 +24,8 @@ namespace kolo {
 struct RingStage {
   const std::byte* send = nullptr;
   std::size_t send_bytes = 0;
-  std::byte* recv = nullptr;          // destination of the received block
-  const std::byte* local = nullptr;   // reduce: dst = local (op) incoming; nullptr: plain copy
+  std::byte* recv = nullptr;         // destination of the received block
+  const std::byte* local = nullptr;  // reduce: dst = local (op) incoming; nullptr: plain copy
   std::size_t recv_bytes = 0;
 };
 
@@ -55,7 +55,8 @@ void run_ring(T& t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
     recv_off[s + 1] = recv_off[s] + detail::segment_count(stages[s].recv_bytes, seg);
   }
   std::vector<std::size_t> send_segs(nst);
-  for (std::size_t s = 0; s < nst; ++s) send_segs[s] = detail::segment_count(stages[s].send_bytes, seg);
+  for (std::size_t s = 0; s < nst; ++s)
+    send_segs[s] = detail::segment_count(stages[s].send_bytes, seg);
 
   struct Pending {
     std::size_t stage, seg;
@@ -73,9 +74,9 @@ void run_ring(T& t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
     const RingStage& st = stages[s];
     const std::size_t off = j * seg;
     const std::size_t len = std::min(seg, st.recv_bytes - std::min(off, st.recv_bytes));
-    typename T::Request r = st.local
-                                ? t.irecv_reduce(left, st.recv + off, st.local + off, len, rs, opt.sig)
-                                : t.irecv(left, st.recv + off, len, opt.sig);
+    typename T::Request r =
+        st.local ? t.irecv_reduce(left, st.recv + off, st.local + off, len, rs, opt.sig)
+                 : t.irecv(left, st.recv + off, len, opt.sig);
     recvs.push_back({s, j, r});
   };
 
@@ -84,7 +85,8 @@ void run_ring(T& t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
     while (!recvs.empty() && t.done(recvs.front().req)) {
       const Pending& p = recvs.front();
       const std::size_t off = p.seg * seg;
-      const std::size_t len = std::min(seg, stages[p.stage].recv_bytes - std::min(off, stages[p.stage].recv_bytes));
+      const std::size_t len =
+          std::min(seg, stages[p.stage].recv_bytes - std::min(off, stages[p.stage].recv_bytes));
       on_received(p.stage, off, len);
       recvs.pop_front();
       ++recv_done;

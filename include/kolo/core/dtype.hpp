@@ -125,15 +125,24 @@ inline ReduceOp parse_reduce_op(std::string_view s) {
 template <class T>
 constexpr DataType dtype_of() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, float16>) return DataType::float16;
-  else if constexpr (std::is_same_v<U, bfloat16>) return DataType::bfloat16;
-  else if constexpr (std::is_same_v<U, float>) return DataType::float32;
-  else if constexpr (std::is_same_v<U, double>) return DataType::float64;
-  else if constexpr (std::is_same_v<U, std::int8_t>) return DataType::int8;
-  else if constexpr (std::is_same_v<U, std::uint8_t>) return DataType::uint8;
-  else if constexpr (std::is_same_v<U, std::int32_t>) return DataType::int32;
-  else if constexpr (std::is_same_v<U, std::int64_t>) return DataType::int64;
-  else static_assert(sizeof(U) == 0, "kolo: unsupported element type");
+  if constexpr (std::is_same_v<U, float16>)
+    return DataType::float16;
+  else if constexpr (std::is_same_v<U, bfloat16>)
+    return DataType::bfloat16;
+  else if constexpr (std::is_same_v<U, float>)
+    return DataType::float32;
+  else if constexpr (std::is_same_v<U, double>)
+    return DataType::float64;
+  else if constexpr (std::is_same_v<U, std::int8_t>)
+    return DataType::int8;
+  else if constexpr (std::is_same_v<U, std::uint8_t>)
+    return DataType::uint8;
+  else if constexpr (std::is_same_v<U, std::int32_t>)
+    return DataType::int32;
+  else if constexpr (std::is_same_v<U, std::int64_t>)
+    return DataType::int64;
+  else
+    static_assert(sizeof(U) == 0, "kolo: unsupported element type");
 }
 
 template <class T>

@@ -47,8 +47,8 @@ inline double parse_env_double(std::string_view name, std::string_view value) {
 }
 
 // An optional numeric variable; `min`/`max` bound the accepted range.
-inline std::optional<double> env_double(const EnvLookup& env, const std::string& name,
-                                        double min, double max) {
+inline std::optional<double> env_double(const EnvLookup& env, const std::string& name, double min,
+                                        double max) {
   auto v = env(name);
   if (!v) return std::nullopt;
   const double d = parse_env_double(name, *v);

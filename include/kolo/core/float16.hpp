@@ -52,7 +52,7 @@ inline float half_bits_to_float(std::uint16_t h) noexcept {
   if (exp == 0) {
     if (mant == 0) {
       bits = sign;
-    } else {  // subnormal: normalise
+    } else {                  // subnormal: normalise
       std::uint32_t e = 113;  // 127 - 15 + 1
       while ((mant & 0x400u) == 0) {
         mant <<= 1;

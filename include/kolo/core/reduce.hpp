@@ -2,8 +2,8 @@
 //
 // Templated on the element type and the operation because this is the inner loop where the type
 // matters to speed (Gloo's lesson: template the hot loop, erase everything else). The body works
-// on 16-byte GCC/Clang vector types so it vectorises at -O2 without -march flags; float16/bfloat16 go through
-// float, which is how the reduction is defined (arithmetic in fp32, storage in 16 bits).
+// on 16-byte GCC/Clang vector types so it vectorises at -O2 without -march flags; float16/bfloat16
+// go through float, which is how the reduction is defined (arithmetic in fp32, storage in 16 bits).
 //
 // Average is reduced as a sum; the caller divides by the rank count once at the end
 // (`finish_average`), so a ring of n ranks performs n-1 additions and one division per element.
@@ -120,15 +120,17 @@ void reduce_half(H* dst, const H* a, const H* b, std::size_t n) noexcept {
 #if defined(__F16C__) && (defined(__x86_64__) || defined(__i386__))
   if constexpr (std::is_same_v<H, float16>) {
     for (; i + 8 <= n; i += 8) {
-      const __m256 fa =
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
-      const __m256 fb =
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+      const __m256 fa = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+      const __m256 fb = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
       __m256 r;
-      if constexpr (std::is_same_v<Op, OpSum>) r = _mm256_add_ps(fa, fb);
-      else if constexpr (std::is_same_v<Op, OpProd>) r = _mm256_mul_ps(fa, fb);
-      else if constexpr (std::is_same_v<Op, OpMin>) r = _mm256_min_ps(fb, fa);
-      else r = _mm256_max_ps(fb, fa);
+      if constexpr (std::is_same_v<Op, OpSum>)
+        r = _mm256_add_ps(fa, fb);
+      else if constexpr (std::is_same_v<Op, OpProd>)
+        r = _mm256_mul_ps(fa, fb);
+      else if constexpr (std::is_same_v<Op, OpMin>)
+        r = _mm256_min_ps(fb, fa);
+      else
+        r = _mm256_max_ps(fb, fa);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
                        _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
     }
@@ -142,11 +144,10 @@ void reduce_half(H* dst, const H* a, const H* b, std::size_t n) noexcept {
 template <class T, class Op>
 void reduce_typed(void* dst, const void* a, const void* b, std::size_t n) noexcept {
   if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
-    reduce_half<T, Op>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b),
-                       n);
+    reduce_half<T, Op>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);
   } else {
-    reduce_native<T, Op>(static_cast<T*>(dst), static_cast<const T*>(a),
-                         static_cast<const T*>(b), n);
+    reduce_native<T, Op>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b),
+                         n);
   }
 }
 

@@ -28,8 +28,8 @@ struct TensorView {
   TensorView(void* d, std::size_t n, DataType t, Device dev = Device::cpu())
       : data(d), count(n), dtype(t), device(dev) {}
   template <class T>
-    requires is_kolo_element_v<T>
-  TensorView(std::span<T> s)  // NOLINT(google-explicit-constructor): spans convert naturally
+  requires is_kolo_element_v<T> TensorView(
+      std::span<T> s)  // NOLINT(google-explicit-constructor): spans convert naturally
       : data(const_cast<std::remove_cv_t<T>*>(s.data())), count(s.size()), dtype(dtype_of<T>()) {}
 
   std::size_t bytes() const noexcept { return count * dtype_size(dtype); }

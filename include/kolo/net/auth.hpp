@@ -2,8 +2,8 @@
 //
 // Before any data, both ends prove they know the job's KOLO_SECRET without sending it:
 //   server -> client : magic(8) | nonce_s(32)
-//   client -> server : magic(8) | nonce_c(32) | hello(16) | HMAC(secret, "kolo-c" nonce_s nonce_c hello)
-//   server -> client : HMAC(secret, "kolo-s" nonce_c nonce_s hello)
+//   client -> server : magic(8) | nonce_c(32) | hello(16) | HMAC(secret, "kolo-c" nonce_s nonce_c
+//   hello) server -> client : HMAC(secret, "kolo-s" nonce_c nonce_s hello)
 // `hello` carries what the client wants (purpose: store or data) and who it is (rank), bound
 // into the MAC so a stranger cannot replay or splice it. Fresh random nonces on both sides make
 // each proof single-use. A wrong proof, wrong magic, or a silent/garbage client is refused and the

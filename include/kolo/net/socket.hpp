@@ -29,7 +29,9 @@
 
 namespace kolo::net {
 
-inline std::string errno_text(int err) { return std::string(std::strerror(err)); }
+inline std::string errno_text(int err) {
+  return std::string(std::strerror(err));
+}
 
 // Owns one file descriptor; move-only.
 class Socket {
@@ -93,7 +95,9 @@ inline void set_nonblocking(int fd, bool on = true) {
   }
 }
 
-inline void set_cloexec(int fd) { ::fcntl(fd, F_SETFD, FD_CLOEXEC); }
+inline void set_cloexec(int fd) {
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
 
 inline void set_nodelay(int fd) {
   int one = 1;
@@ -263,14 +267,13 @@ inline void send_all(int fd, const void* data, std::size_t n, const Deadline& dl
       if (ev == 0) throw TimeoutError("timed out sending to " + std::string(who));
       continue;
     }
-    throw PeerLostError("connection to " + std::string(who) + " lost while sending: " +
-                        errno_text(errno));
+    throw PeerLostError("connection to " + std::string(who) +
+                        " lost while sending: " + errno_text(errno));
   }
 }
 
 // Receives exactly n bytes before the deadline; EOF is PeerLostError.
-inline void recv_all(int fd, void* data, std::size_t n, const Deadline& dl,
-                     std::string_view who) {
+inline void recv_all(int fd, void* data, std::size_t n, const Deadline& dl, std::string_view who) {
   auto* p = static_cast<char*>(data);
   while (n > 0) {
     const ssize_t k = ::recv(fd, p, n, MSG_DONTWAIT);
@@ -286,8 +289,8 @@ inline void recv_all(int fd, void* data, std::size_t n, const Deadline& dl,
       if (ev == 0) throw TimeoutError("timed out receiving from " + std::string(who));
       continue;
     }
-    throw PeerLostError("connection to " + std::string(who) + " lost while receiving: " +
-                        errno_text(errno));
+    throw PeerLostError("connection to " + std::string(who) +
+                        " lost while receiving: " + errno_text(errno));
   }
 }
 

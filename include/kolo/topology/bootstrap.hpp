@@ -119,7 +119,8 @@ class Bootstrap {
       if (given >= 0 && given != derived) {
         throw ConfigError(std::string(what) + "=" + std::to_string(given) +
                           " disagrees with the host layout seen through the store (" +
-                          std::to_string(derived) + "): ranks on one host must share KOLO_HOST_KEY");
+                          std::to_string(derived) +
+                          "): ranks on one host must share KOLO_HOST_KEY");
       }
     };
     check("KOLO_LOCAL_SIZE", topo_.local_size, local_size);

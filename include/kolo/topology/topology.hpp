@@ -39,7 +39,7 @@ struct Topology {
   std::string secret;        // KOLO_SECRET
   std::vector<int> devices;  // KOLO_DEVICES
   double timeout_seconds = 30.0;
-  std::string host_key;  // ranks with equal keys share a host (shared memory reaches them)
+  std::string host_key;      // ranks with equal keys share a host (shared memory reaches them)
   std::string advertise_ip;  // KOLO_ADDR: the address peers use to reach this rank (else derived)
 
   bool is_local_complete() const {
@@ -123,10 +123,10 @@ struct Topology {
         idx = static_cast<int>(k);
       }
     };
-    pair_of({"KOLO_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_RANK"},
-            {"KOLO_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
-             "HOROVOD_LOCAL_SIZE"},
-            t.local_rank, t.local_size);
+    pair_of(
+        {"KOLO_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_RANK"},
+        {"KOLO_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE"},
+        t.local_rank, t.local_size);
     pair_of({"KOLO_CROSS_RANK", "HOROVOD_CROSS_RANK", "GROUP_RANK"},
             {"KOLO_CROSS_SIZE", "HOROVOD_CROSS_SIZE"}, t.cross_rank, t.cross_size);
 
@@ -160,8 +160,8 @@ struct Topology {
         t.store = net::parse_host_port(*addr + ":" + *port, "MASTER_ADDR:MASTER_PORT");
         t.host_store = t.rank == 0;  // torchrun convention: rank 0 serves the store
       } else if (addr || port) {
-        throw ConfigError(std::string(addr ? "MASTER_PORT" : "MASTER_ADDR") +
-                          " is not set but " + (addr ? "MASTER_ADDR" : "MASTER_PORT") +
+        throw ConfigError(std::string(addr ? "MASTER_PORT" : "MASTER_ADDR") + " is not set but " +
+                          (addr ? "MASTER_ADDR" : "MASTER_PORT") +
                           " is: set both, or KOLO_STORE=host:port");
       }
     }

@@ -82,7 +82,8 @@ struct MeshOptions {
     if (auto v = env_int(env, "KOLO_SHM_SLOT_BYTES", 4096, 64ll << 20)) {
       o.shm_slot_bytes = static_cast<std::size_t>(*v) & ~std::size_t{63};
     }
-    if (auto v = env_int(env, "KOLO_SHM_SLOTS", 2, 1024)) o.shm_slots = static_cast<std::size_t>(*v);
+    if (auto v = env_int(env, "KOLO_SHM_SLOTS", 2, 1024))
+      o.shm_slots = static_cast<std::size_t>(*v);
     if (auto v = env_double(env, "KOLO_SPIN_US", 0, 1e6)) o.spin_us = *v;
     return o;
   }
@@ -136,7 +137,11 @@ struct ShmMapping {
 
 // ---- TCP framing ----
 
-enum : std::uint32_t { kFrameBegin = 0x4b4c0001, kFrameData = 0x4b4c0002, kFrameAbort = 0x4b4c0003 };
+enum : std::uint32_t {
+  kFrameBegin = 0x4b4c0001,
+  kFrameData = 0x4b4c0002,
+  kFrameAbort = 0x4b4c0003
+};
 
 struct FrameHeader {
   std::uint32_t type;
@@ -154,11 +159,11 @@ struct Op {
   enum class Kind : std::uint8_t { send, recv, recv_reduce };
   Kind kind = Kind::send;
   int peer = -1;
-  const std::byte* src = nullptr;    // send: data; recv_reduce: local operand
-  std::byte* dst = nullptr;          // recv, recv_reduce
+  const std::byte* src = nullptr;  // send: data; recv_reduce: local operand
+  std::byte* dst = nullptr;        // recv, recv_reduce
   std::size_t bytes = 0;
   std::size_t done = 0;
-  bool begun = false;                // header sent / received
+  bool begun = false;  // header sent / received
   Signature sig;
   ReduceSpec rs;
   std::uint32_t gen = 0;    // bumped when the op completes: outstanding Requests see it as done
@@ -405,8 +410,8 @@ class MeshTransport {
         channel + (i % opts_.shm_slots) * (sizeof(detail::ShmSlotHeader) + opts_.shm_slot_bytes));
   }
 
-  static std::shared_ptr<detail::ShmMapping> map_segment(const std::string& name,
-                                                         std::size_t bytes, bool create) {
+  static std::shared_ptr<detail::ShmMapping> map_segment(const std::string& name, std::size_t bytes,
+                                                         bool create) {
     const int fd = ::shm_open(name.c_str(), create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
     if (fd < 0) {
       throw Error("shm_open(" + name + ") failed: " + net::errno_text(errno) +
@@ -458,8 +463,8 @@ class MeshTransport {
       peer.mapping = map_segment(shm_name(token, p), segment_bytes(), false);
       auto* base = static_cast<std::byte*>(peer.mapping->base);
       peer.peer_ctrl = reinterpret_cast<detail::ShmControl*>(base);
-      peer.out_channel = base + detail::kShmControlBytes +
-                         static_cast<std::size_t>(me) * channel_bytes();
+      peer.out_channel =
+          base + detail::kShmControlBytes + static_cast<std::size_t>(me) * channel_bytes();
       peer.in_channel = static_cast<std::byte*>(own_->base) + detail::kShmControlBytes +
                         static_cast<std::size_t>(them) * channel_bytes();
       peer.bell_fd = ::open(bell_path(token, p).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
@@ -501,8 +506,7 @@ class MeshTransport {
                                              "address of rank " + std::to_string(p));
         const std::string who = "rank " + std::to_string(p) + " (" + hp.str() + ")";
         net::Socket s = net::connect_tcp(hp.host, hp.port, dl, who);
-        net::authenticate_client(s.fd(), secret, net::Hello{net::kPurposeData, rank_, 0}, dl,
-                                 who);
+        net::authenticate_client(s.fd(), secret, net::Hello{net::kPurposeData, rank_, 0}, dl, who);
         peer.fd = s.release();
       }
     } catch (...) {
@@ -512,7 +516,8 @@ class MeshTransport {
     acceptor.join();
     if (connect_error) std::rethrow_exception(connect_error);
     if (accept_error) std::rethrow_exception(accept_error);
-    for (int p : expect) peers_[static_cast<std::size_t>(p)].fd = accepted_fd[static_cast<std::size_t>(p)];
+    for (int p : expect)
+      peers_[static_cast<std::size_t>(p)].fd = accepted_fd[static_cast<std::size_t>(p)];
     for (auto& peer : peers_) {
       if (peer.route != Route::tcp) continue;
       net::set_nonblocking(peer.fd, true);
@@ -537,7 +542,8 @@ class MeshTransport {
       if (dl.expired()) {
         std::string who;
         for (int p : expect) {
-          if (out[static_cast<std::size_t>(p)] < 0) who += (who.empty() ? "" : ", ") + std::to_string(p);
+          if (out[static_cast<std::size_t>(p)] < 0)
+            who += (who.empty() ? "" : ", ") + std::to_string(p);
         }
         throw TimeoutError("rank " + std::to_string(rank_) +
                            " timed out waiting for TCP connections from rank(s) " + who +
@@ -566,10 +572,9 @@ class MeshTransport {
           try {
             if (pending[i].hs->on_readable()) {
               const net::Hello h = pending[i].hs->hello();
-              const bool wanted =
-                  h.purpose == net::kPurposeData &&
-                  std::find(expect.begin(), expect.end(), h.rank) != expect.end() &&
-                  out[static_cast<std::size_t>(h.rank)] < 0;
+              const bool wanted = h.purpose == net::kPurposeData &&
+                                  std::find(expect.begin(), expect.end(), h.rank) != expect.end() &&
+                                  out[static_cast<std::size_t>(h.rank)] < 0;
               if (wanted) {
                 out[static_cast<std::size_t>(h.rank)] = pending[i].sock.release();
                 --missing;
@@ -696,14 +701,15 @@ class MeshTransport {
   }
 
   std::string peer_desc(int p) const {
-    return "rank " + std::to_string(p) + " (" + route_name(peers_[static_cast<std::size_t>(p)].route) + ")";
+    return "rank " + std::to_string(p) + " (" +
+           route_name(peers_[static_cast<std::size_t>(p)].route) + ")";
   }
 
   [[noreturn]] void peer_died(int p, const detail::Op& op) {
     throw PeerLostError("rank " + std::to_string(p) + " (pid " +
                         std::to_string(peers_[static_cast<std::size_t>(p)].pid) +
-                        ") exited or was killed during " + op.sig.describe() + "; detected by rank " +
-                        std::to_string(rank_));
+                        ") exited or was killed during " + op.sig.describe() +
+                        "; detected by rank " + std::to_string(rank_));
   }
 
   [[noreturn]] void mismatch(int p, const Signature& theirs, std::uint64_t their_bytes,
@@ -907,7 +913,8 @@ class MeshTransport {
           peer.staged = 0;
         } else if (h.type == detail::kFrameBegin) {
           if (h.len != sizeof(detail::BeginBody) || peer.recvq.empty()) {
-            throw Error("TCP protocol error from rank " + std::to_string(p) + " (unexpected BEGIN)");
+            throw Error("TCP protocol error from rank " + std::to_string(p) +
+                        " (unexpected BEGIN)");
           }
           peer.staged = 0;
         } else if (h.type == detail::kFrameData) {
@@ -986,10 +993,12 @@ class MeshTransport {
         peer.rx_left -= got;
         const std::size_t whole = peer.staged / op.rs.elem_size * op.rs.elem_size;
         if (whole > 0) {
-          op.rs.fn(op.dst + op.done, op.src + op.done, peer.staging.data(), whole / op.rs.elem_size);
+          op.rs.fn(op.dst + op.done, op.src + op.done, peer.staging.data(),
+                   whole / op.rs.elem_size);
           op.done += whole;
           peer.staged -= whole;
-          if (peer.staged) std::memmove(peer.staging.data(), peer.staging.data() + whole, peer.staged);
+          if (peer.staged)
+            std::memmove(peer.staging.data(), peer.staging.data() + whole, peer.staged);
         }
       }
       if (peer.rx_left == 0) peer.rx_type = 0;
@@ -1040,7 +1049,8 @@ class MeshTransport {
     progress();
     if (completions_ != before || pending_ == 0) return;
     // Spin: cheap polling of shared-memory flags while the peer is likely running right now.
-    const auto spin_until = Clock::now() + std::chrono::nanoseconds(static_cast<long long>(spin_us_ * 1000));
+    const auto spin_until =
+        Clock::now() + std::chrono::nanoseconds(static_cast<long long>(spin_us_ * 1000));
     int iter = 0;
     while (Clock::now() < spin_until) {
       for (int i = 0; i < 64; ++i) detail::cpu_relax();

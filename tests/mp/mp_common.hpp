@@ -1,0 +1,60 @@
+// Shared helpers for the multi-process tests: one Communicator per process, built from the
+// environment contract that kolo-run exports, with KOLO_TRANSPORT choosing shm, tcp or routed.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <kolo/kolo.hpp>
+
+namespace kolo_test {
+
+inline kolo::Communicator<>& comm() {
+  static std::unique_ptr<kolo::Communicator<>> c;
+  if (!c) c = std::make_unique<kolo::Communicator<>>(kolo::Topology::from_env());
+  return *c;
+}
+
+template <class T>
+constexpr bool is_half_v = std::is_same_v<T, kolo::float16> || std::is_same_v<T, kolo::bfloat16>;
+
+template <class T>
+T from_double(double v) {
+  if constexpr (is_half_v<T>) {
+    return T(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+template <class T>
+double to_double(T v) {
+  if constexpr (is_half_v<T>) {
+    return static_cast<double>(static_cast<float>(v));
+  } else {
+    return static_cast<double>(v);
+  }
+}
+
+template <class T>
+constexpr bool is_signed_elem() {
+  return is_half_v<T> || std::is_floating_point_v<T> || std::is_signed_v<T>;
+}
+
+// Relative tolerance for results that are not exact (averages of floating types): one unit in
+// the last place of the type, since the only inexact step is a single rounded division.
+template <class T>
+double ulp_tolerance() {
+  if constexpr (std::is_same_v<T, kolo::float16>) return 1.0 / 1024;
+  if constexpr (std::is_same_v<T, kolo::bfloat16>) return 1.0 / 128;
+  if constexpr (std::is_same_v<T, float>) return 1.2e-7;
+  if constexpr (std::is_same_v<T, double>) return 2.3e-16;
+  return 0;
+}
+
+}  // namespace kolo_test

@@ -1,0 +1,315 @@
+// The correctness matrix, run by every rank under kolo-run: every collective × every dtype ×
+// every reduce op × element counts {0, 1, 7, 1000, 1048579}, in-place and out-of-place.
+//
+// Inputs are small integers chosen so every summation order is exact in every dtype (sums of at
+// most 8 ranks stay below 127 and below float16's 2048), so results are checked exactly; the
+// one inexact step, the division of a floating-point average, is allowed one ulp.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "mp_common.hpp"
+
+using kolo::DataType;
+using kolo::ReduceOp;
+using kolo::TensorView;
+using namespace kolo_test;
+
+namespace {
+
+const std::size_t kCounts[] = {0, 1, 7, 1000, 1048579};
+
+template <class T>
+double input_value(ReduceOp op, int rank, std::size_t i) {
+  const auto k = static_cast<long long>(i);
+  if (op == ReduceOp::product) {
+    if ((k + rank) % 3 == 0) return 2;
+    if (is_signed_elem<T>() && (k + rank) % 5 == 0) return -1;
+    return 1;
+  }
+  if (is_signed_elem<T>()) return static_cast<double>((k * 7 + rank * 3) % 9 - 4);
+  return static_cast<double>((k * 7 + rank * 3) % 5);
+}
+
+template <class T>
+double expected_value(ReduceOp op, int n, std::size_t i) {
+  double acc = input_value<T>(op, 0, i);
+  for (int r = 1; r < n; ++r) {
+    const double v = input_value<T>(op, r, i);
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::average:
+        acc += v;
+        break;
+      case ReduceOp::product:
+        acc *= v;
+        break;
+      case ReduceOp::min:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::max:
+        acc = std::max(acc, v);
+        break;
+    }
+  }
+  if (op == ReduceOp::average) {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<double>(static_cast<long long>(acc) / n);  // truncates toward zero
+    } else {
+      return acc / n;
+    }
+  }
+  return acc;
+}
+
+template <class T>
+bool close(T got, double want, ReduceOp op) {
+  const double g = to_double(got);
+  if (op == ReduceOp::average && !std::is_integral_v<T>) {
+    return std::fabs(g - want) <= ulp_tolerance<T>() * std::max(1.0, std::fabs(want));
+  }
+  return g == want;
+}
+
+std::string label(const char* what, DataType t, std::size_t count, const char* mode,
+                  ReduceOp op = ReduceOp::sum, bool with_op = false) {
+  std::string s = std::string(what) + " " + std::string(kolo::dtype_name(t)) +
+                  " count=" + std::to_string(count) + " " + mode;
+  if (with_op) s += " op=" + std::string(kolo::reduce_op_name(op));
+  return s + " ranks=" + std::to_string(comm().size()) + " rank=" + std::to_string(comm().rank());
+}
+
+}  // namespace
+
+TEST_CASE("allreduce: every dtype x op x count - in-place and out-of-place") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  for (DataType dt : kolo::all_dtypes) {
+    kolo::visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      for (ReduceOp op : kolo::all_reduce_ops) {
+        for (std::size_t count : kCounts) {
+          std::vector<T> in(count), out(count, from_double<T>(99));
+          for (std::size_t i = 0; i < count; ++i) in[i] = from_double<T>(input_value<T>(op, r, i));
+          const std::vector<T> original = in;
+          // Out-of-place: the input must come back untouched.
+          c.allreduce(TensorView(in.data(), count, dt), TensorView(out.data(), count, dt), op);
+          std::size_t wrong = 0, touched = 0;
+          for (std::size_t i = 0; i < count; ++i) {
+            wrong += !close(out[i], expected_value<T>(op, n, i), op);
+            touched += std::memcmp(&in[i], &original[i], sizeof(T)) != 0;
+          }
+          CHECK_MESSAGE(wrong == 0, label("allreduce", dt, count, "out-of-place", op, true));
+          CHECK_MESSAGE(touched == 0, label("allreduce input modified", dt, count, "", op, true));
+          // In-place.
+          c.allreduce(TensorView(in.data(), count, dt), op);
+          wrong = 0;
+          for (std::size_t i = 0; i < count; ++i)
+            wrong += !close(in[i], expected_value<T>(op, n, i), op);
+          CHECK_MESSAGE(wrong == 0, label("allreduce", dt, count, "in-place", op, true));
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("reduce_scatter: every dtype x op x count - in-place and out-of-place") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  const auto un = static_cast<std::size_t>(n);
+  for (DataType dt : kolo::all_dtypes) {
+    kolo::visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      for (ReduceOp op : kolo::all_reduce_ops) {
+        for (std::size_t total : kCounts) {
+          // Each rank's block; the largest case keeps the whole input near 1048579 elements.
+          const std::size_t block = total == 1048579 ? (total + un - 1) / un : total;
+          std::vector<T> in(block * un), out(block, from_double<T>(99));
+          for (std::size_t i = 0; i < in.size(); ++i)
+            in[i] = from_double<T>(input_value<T>(op, r, i));
+          c.reduce_scatter(TensorView(in.data(), in.size(), dt), TensorView(out.data(), block, dt),
+                           op);
+          std::size_t wrong = 0;
+          const std::size_t base = static_cast<std::size_t>(r) * block;
+          for (std::size_t i = 0; i < block; ++i)
+            wrong += !close(out[i], expected_value<T>(op, n, base + i), op);
+          CHECK_MESSAGE(wrong == 0, label("reduce_scatter", dt, block, "out-of-place", op, true));
+          // In-place: the output is this rank's own block of the input.
+          c.reduce_scatter(TensorView(in.data(), in.size(), dt),
+                           TensorView(in.data() + base, block, dt), op);
+          wrong = 0;
+          for (std::size_t i = 0; i < block; ++i)
+            wrong += !close(in[base + i], expected_value<T>(op, n, base + i), op);
+          CHECK_MESSAGE(wrong == 0, label("reduce_scatter", dt, block, "in-place", op, true));
+        }
+      }
+    });
+  }
+}
+
+template <class T>
+double gather_value(int rank, std::size_t i) {
+  const auto k = static_cast<long long>((static_cast<std::size_t>(rank) * 131 + i) % 100);
+  return is_signed_elem<T>() ? static_cast<double>(k - 50) : static_cast<double>(k);
+}
+
+TEST_CASE("allgather and allgatherv: every dtype x count - in-place and out-of-place") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  const auto un = static_cast<std::size_t>(n);
+  for (DataType dt : kolo::all_dtypes) {
+    kolo::visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      for (std::size_t count : kCounts) {
+        std::vector<T> in(count), out(count * un, from_double<T>(99));
+        for (std::size_t i = 0; i < count; ++i) in[i] = from_double<T>(gather_value<T>(r, i));
+        c.allgather(TensorView(in.data(), count, dt), TensorView(out.data(), out.size(), dt));
+        std::size_t wrong = 0;
+        for (int q = 0; q < n; ++q) {
+          for (std::size_t i = 0; i < count; ++i) {
+            wrong +=
+                to_double(out[static_cast<std::size_t>(q) * count + i]) != gather_value<T>(q, i);
+          }
+        }
+        CHECK_MESSAGE(wrong == 0, label("allgather", dt, count, "out-of-place"));
+        // In-place: the input already sits in this rank's slot of the output.
+        std::vector<T> io(count * un, from_double<T>(99));
+        std::memcpy(io.data() + static_cast<std::size_t>(r) * count, in.data(), count * sizeof(T));
+        c.allgather(TensorView(io.data() + static_cast<std::size_t>(r) * count, count, dt),
+                    TensorView(io.data(), io.size(), dt));
+        CHECK_MESSAGE(std::memcmp(io.data(), out.data(), io.size() * sizeof(T)) == 0,
+                      label("allgather", dt, count, "in-place"));
+
+        // allgatherv: uneven counts, some zero, derived from `count`.
+        std::vector<std::size_t> counts(un);
+        for (std::size_t q = 0; q < un; ++q)
+          counts[q] = count == 0 ? 0 : (count * (q + 1) + q) % (count + 3);
+        const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+        std::vector<T> vin(counts[static_cast<std::size_t>(r)]), vout(total, from_double<T>(99));
+        for (std::size_t i = 0; i < vin.size(); ++i) vin[i] = from_double<T>(gather_value<T>(r, i));
+        c.allgatherv(TensorView(vin.data(), vin.size(), dt), TensorView(vout.data(), total, dt),
+                     counts);
+        wrong = 0;
+        std::size_t off = 0;
+        for (int q = 0; q < n; ++q) {
+          for (std::size_t i = 0; i < counts[static_cast<std::size_t>(q)]; ++i) {
+            wrong += to_double(vout[off + i]) != gather_value<T>(q, i);
+          }
+          off += counts[static_cast<std::size_t>(q)];
+        }
+        CHECK_MESSAGE(wrong == 0, label("allgatherv", dt, count, "out-of-place"));
+      }
+    });
+  }
+}
+
+TEST_CASE("broadcast: every dtype x count x root") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  const int roots[] = {0, n - 1, n / 2};
+  for (DataType dt : kolo::all_dtypes) {
+    kolo::visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      for (std::size_t count : kCounts) {
+        for (int root : roots) {
+          std::vector<T> buf(count, from_double<T>(99));
+          if (r == root) {
+            for (std::size_t i = 0; i < count; ++i)
+              buf[i] = from_double<T>(gather_value<T>(root, i));
+          }
+          c.broadcast(TensorView(buf.data(), count, dt), root);
+          std::size_t wrong = 0;
+          for (std::size_t i = 0; i < count; ++i)
+            wrong += to_double(buf[i]) != gather_value<T>(root, i);
+          CHECK_MESSAGE(wrong == 0,
+                        label("broadcast", dt, count, ("root=" + std::to_string(root)).c_str()));
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("alltoall: every dtype x count") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  const auto un = static_cast<std::size_t>(n);
+  auto code = [](int from, int to, std::size_t k) {
+    return static_cast<double>(
+        (static_cast<std::size_t>(from) * 17 + static_cast<std::size_t>(to) * 5 + k) % 100);
+  };
+  for (DataType dt : kolo::all_dtypes) {
+    kolo::visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      for (std::size_t total : kCounts) {
+        const std::size_t block = total == 1048579 ? (total + un - 1) / un : total;
+        std::vector<T> in(block * un), out(block * un, from_double<T>(99));
+        for (int to = 0; to < n; ++to) {
+          for (std::size_t k = 0; k < block; ++k)
+            in[static_cast<std::size_t>(to) * block + k] = from_double<T>(code(r, to, k));
+        }
+        c.alltoall(TensorView(in.data(), in.size(), dt), TensorView(out.data(), out.size(), dt));
+        std::size_t wrong = 0;
+        for (int from = 0; from < n; ++from) {
+          for (std::size_t k = 0; k < block; ++k) {
+            wrong += to_double(out[static_cast<std::size_t>(from) * block + k]) != code(from, r, k);
+          }
+        }
+        CHECK_MESSAGE(wrong == 0, label("alltoall", dt, block, "out-of-place"));
+      }
+    });
+  }
+}
+
+TEST_CASE("barrier: nobody leaves before everyone arrived") {
+  auto& c = comm();
+  // Each rank adds to a store counter before the barrier; after it, all increments are visible.
+  for (int round = 0; round < 3; ++round) {
+    if (c.size() > 1) c.bootstrap().store()->add("test/barrier/" + std::to_string(round), 1);
+    c.barrier();
+    if (c.size() > 1) {
+      const std::string v = c.bootstrap().store()->get("test/barrier/" + std::to_string(round));
+      CHECK(std::stoll(v) == c.size());
+    }
+  }
+}
+
+TEST_CASE("typed span overloads and topology") {
+  auto& c = comm();
+  std::vector<std::int64_t> v(5, c.rank());
+  c.allreduce(std::span<std::int64_t>(v), ReduceOp::max);
+  for (auto x : v) CHECK(x == c.size() - 1);
+  CHECK(c.local_size() >= 1);
+  CHECK(c.local_rank() < c.local_size());
+  CHECK(c.cross_rank() < c.cross_size());
+}
+
+TEST_CASE("routes follow hosts: shared memory within a host and TCP across hosts") {
+  auto& c = comm();
+  auto& t = c.transport();
+  const auto& keys = c.bootstrap().host_keys();
+  for (int p = 0; p < c.size(); ++p) {
+    if (p == c.rank()) continue;
+    const bool same_host =
+        keys[static_cast<std::size_t>(p)] == keys[static_cast<std::size_t>(c.rank())];
+    kolo::Route want = kolo::Route::tcp;
+    if (t.mode() == kolo::RouteMode::shm_only) want = kolo::Route::shm;
+    if (t.mode() == kolo::RouteMode::routed && same_host) want = kolo::Route::shm;
+    CHECK_MESSAGE(t.route(p) == want,
+                  "route to rank " << p << " is " << kolo::route_name(t.route(p)));
+  }
+  // The namespace tests say how many hosts and ranks per host they started.
+  if (const char* h = std::getenv("KOLO_TEST_EXPECT_HOSTS")) {
+    CHECK(c.cross_size() == std::atoi(h));
+    CHECK(c.size() % c.cross_size() == 0);
+    CHECK(c.local_size() == c.size() / c.cross_size());
+    // Ranks on one host share memory: this host's shared-memory peer count is local_size - 1.
+    int shm_peers = 0;
+    for (int p = 0; p < c.size(); ++p) shm_peers += p != c.rank() && t.route(p) == kolo::Route::shm;
+    CHECK(shm_peers == c.local_size() - 1);
+    CHECK(shm_peers < c.size() - 1);  // and some peers really are remote
+  }
+}

@@ -1,0 +1,114 @@
+# cmake -P script behind the package/* tests: gets kolo into a fresh consumer project one way
+# (MODE), builds the consumer and runs it. Everything happens under WORK_DIR, wiped first, so a
+# test never sees what an earlier run left behind.
+#
+#   -DMODE=install | subdirectory | fetchcontent_source_dir | fetchcontent_url
+#   -DKOLO_SOURCE_DIR=<kolo source tree>   -DCONSUMER_SOURCE_DIR=<tests/package/consumer>
+#   -DWORK_DIR=<scratch dir>               -DCXX_COMPILER=<compiler of the outer build>
+cmake_minimum_required(VERSION 3.20)
+
+foreach(var MODE KOLO_SOURCE_DIR CONSUMER_SOURCE_DIR WORK_DIR)
+  if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
+    message(FATAL_ERROR "run_consumer.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+
+file(REMOVE_RECURSE "${WORK_DIR}")
+file(MAKE_DIRECTORY "${WORK_DIR}")
+
+# Ninja when there is one: it starts faster than make and is what CI uses.
+find_program(NINJA_PROGRAM NAMES ninja ninja-build)
+if(NINJA_PROGRAM)
+  set(generator -G Ninja "-DCMAKE_MAKE_PROGRAM=${NINJA_PROGRAM}")
+else()
+  set(generator "")
+endif()
+set(common_options ${generator} -DCMAKE_BUILD_TYPE=Release
+                   -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON)
+if(CXX_COMPILER)
+  list(APPEND common_options "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
+endif()
+# The nested kolo builds only need the library itself: no tests, benchmarks, examples, launcher.
+set(kolo_options -DKOLO_BUILD_TESTS=OFF -DKOLO_BUILD_BENCHMARKS=OFF -DKOLO_BUILD_EXAMPLES=OFF
+                 -DKOLO_BUILD_LAUNCHER=OFF)
+
+# Runs one step; on failure prints its whole output and stops with the step's name.
+function(step name)
+  string(REPLACE ";" " " command_line "${ARGN}")
+  message(STATUS "[${MODE}] ${name}: ${command_line}")
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message("${out}")
+    message(FATAL_ERROR "[${MODE}] ${name} failed (exit ${rc})")
+  endif()
+  set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+
+set(consumer_build "${WORK_DIR}/consumer-build")
+set(consumer_options "")
+
+if(MODE STREQUAL "install")
+  set(kolo_build "${WORK_DIR}/kolo-build")
+  set(stage "${WORK_DIR}/stage")
+  step("configure kolo" "${CMAKE_COMMAND}" -S "${KOLO_SOURCE_DIR}" -B "${kolo_build}"
+       ${common_options} ${kolo_options} "-DCMAKE_INSTALL_PREFIX=${stage}")
+  step("build kolo" "${CMAKE_COMMAND}" --build "${kolo_build}")
+  step("install kolo" "${CMAKE_COMMAND}" --install "${kolo_build}" --prefix "${stage}")
+  foreach(f include/kolo/core/reduce.hpp include/kolo/topology/topology.hpp)
+    if(NOT EXISTS "${stage}/${f}")
+      message(FATAL_ERROR "[install] ${f} was not installed")
+    endif()
+  endforeach()
+  file(GLOB_RECURSE config_files "${stage}/*/koloConfig.cmake")
+  list(LENGTH config_files n_configs)
+  if(NOT n_configs EQUAL 1)
+    message(FATAL_ERROR "[install] expected one koloConfig.cmake under ${stage}, found: "
+                        "${config_files}")
+  endif()
+  get_filename_component(config_dir "${config_files}" DIRECTORY)
+  foreach(f koloConfigVersion.cmake koloTargets.cmake)
+    if(NOT EXISTS "${config_dir}/${f}")
+      message(FATAL_ERROR "[install] ${config_dir}/${f} was not installed")
+    endif()
+  endforeach()
+  # Move the installed tree before using it: a package that still points at its install
+  # location (or at the source or build tree) is not relocatable, and this catches it.
+  set(prefix "${WORK_DIR}/relocated-prefix")
+  file(RENAME "${stage}" "${prefix}")
+  file(REMOVE_RECURSE "${kolo_build}")
+  list(APPEND consumer_options -DKOLO_CONSUME=package "-DCMAKE_PREFIX_PATH=${prefix}"
+       "-DKOLO_EXPECTED_PREFIX=${prefix}")
+elseif(MODE STREQUAL "subdirectory")
+  list(APPEND consumer_options -DKOLO_CONSUME=subdirectory "-DKOLO_SOURCE_DIR=${KOLO_SOURCE_DIR}"
+       ${kolo_options})
+elseif(MODE STREQUAL "fetchcontent_source_dir")
+  list(APPEND consumer_options -DKOLO_CONSUME=fetchcontent "-DKOLO_SOURCE_DIR=${KOLO_SOURCE_DIR}"
+       ${kolo_options})
+elseif(MODE STREQUAL "fetchcontent_url")
+  # A release-style archive of the source tree, fetched through a file:// URL with a hash, as a
+  # user would fetch a release tarball (no network involved). Build trees, hidden files and VCS
+  # data are not part of a source release.
+  file(GLOB entries RELATIVE "${KOLO_SOURCE_DIR}" "${KOLO_SOURCE_DIR}/*")
+  list(FILTER entries EXCLUDE REGEX "^(build|_build|\\.|__pycache__)")
+  set(archive "${WORK_DIR}/kolo-src.tar.gz")
+  execute_process(COMMAND "${CMAKE_COMMAND}" -E tar czf "${archive}" -- ${entries}
+                  WORKING_DIRECTORY "${KOLO_SOURCE_DIR}" RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "[fetchcontent_url] could not archive ${KOLO_SOURCE_DIR}")
+  endif()
+  file(SHA256 "${archive}" archive_hash)
+  list(APPEND consumer_options -DKOLO_CONSUME=fetchcontent "-DKOLO_URL=file://${archive}"
+       "-DKOLO_URL_HASH=SHA256=${archive_hash}" -DFETCHCONTENT_QUIET=OFF ${kolo_options})
+else()
+  message(FATAL_ERROR "run_consumer.cmake: unknown MODE=${MODE}")
+endif()
+
+step("configure consumer" "${CMAKE_COMMAND}" -S "${CONSUMER_SOURCE_DIR}" -B "${consumer_build}"
+     ${common_options} ${consumer_options})
+message(STATUS "${step_output}")
+step("build consumer" "${CMAKE_COMMAND}" --build "${consumer_build}")
+step("run consumer" "${consumer_build}/kolo_consumer")
+message(STATUS "${step_output}")
+if(NOT step_output MATCHES "kolo consumer \\(")
+  message(FATAL_ERROR "[${MODE}] the consumer did not report success: ${step_output}")
+endif()
