@@ -467,7 +467,10 @@ class MeshTransport {
           base + detail::kShmControlBytes + static_cast<std::size_t>(me) * channel_bytes();
       peer.in_channel = static_cast<std::byte*>(own_->base) + detail::kShmControlBytes +
                         static_cast<std::size_t>(them) * channel_bytes();
-      peer.bell_fd = ::open(bell_path(token, p).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      // O_RDWR, not O_WRONLY: holding a read end ourselves means the FIFO never loses its last
+      // reader, so ringing a peer that has exited (e.g. after it aborted) cannot raise SIGPIPE
+      // and kill this rank before it reports the error; unread bytes just fill the pipe (EAGAIN).
+      peer.bell_fd = ::open(bell_path(token, p).c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
       if (peer.bell_fd < 0) {
         throw Error("cannot open the doorbell of rank " + std::to_string(p) + ": " +
                     net::errno_text(errno));

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# tests/run.sh — the test command (README's second command; .ci/run calls it): on a fresh
+# Debian 12 machine, install what is missing, build kolo (Release) into build-ci, run every CTest
+# test and print ctest's summary. The exit code is ctest's.
+#
+# Knobs (environment): CI_JOBS (default 2: CI machines have 2 cores and tests run 8 ranks),
+# CI_BUILD_DIR (default build-ci), CI_BUILD_TYPE (default Release), KOLO_TIMEOUT_SECONDS
+# (default 30), CI_CTEST_ARGS (extra ctest arguments, e.g. "-L package" or "-E mp/").
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+jobs=${CI_JOBS:-2}
+build_dir=${CI_BUILD_DIR:-build-ci}
+build_type=${CI_BUILD_TYPE:-Release}
+
+# Every wait in kolo has this deadline; CI keeps it explicit so a hang fails in bounded time.
+export KOLO_TIMEOUT_SECONDS=${KOLO_TIMEOUT_SECONDS:-30}
+# CI runs as root; Open MPI refuses that unless told it is intended.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+section() { printf '\n==== %s ====\n' "$*"; }
+
+# --- dependencies: only what dpkg says is missing ---
+# shellcheck source=.ci/install-deps.sh
+source "$repo/.ci/install-deps.sh"
+install_deps
+
+section "toolchain"
+cmake --version | head -1
+echo "ninja $(ninja --version)"
+g++ --version | head -1
+echo "cores: $(nproc), jobs: $jobs, KOLO_TIMEOUT_SECONDS=$KOLO_TIMEOUT_SECONDS"
+
+section "configure ($build_type) into $build_dir"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type"
+
+section "build"
+cmake --build "$build_dir" -j "$jobs"
+
+section "test"
+# ctest's own summary lists the failures; its exit code is this script's, so no `set -e` here.
+set +e
+# shellcheck disable=SC2086 # CI_CTEST_ARGS is a list of words on purpose
+ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" ${CI_CTEST_ARGS:-}
+rc=$?
+set -e
+
+section "result"
+failed_log="$build_dir/Testing/Temporary/LastTestsFailed.log"
+if ((rc == 0)); then
+  echo "all tests passed"
+else
+  echo "ctest exit code $rc"
+  if [[ -s $failed_log ]]; then
+    echo "failed tests:"
+    sed 's/^/  /' "$failed_log"
+  fi
+fi
+exit "$rc"
