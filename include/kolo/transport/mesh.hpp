@@ -315,15 +315,15 @@ class MeshTransport {
     bool closed = false;
     bool want_out = false;      // the last send hit EAGAIN
     bool data_waiting = false;  // a frame for a not-yet-posted receive is queued on the socket
-    unsigned char tx_hdr[sizeof(detail::FrameHeader) + sizeof(detail::BeginBody)] = {};
+    unsigned char tx_hdr[2 * sizeof(detail::FrameHeader) + sizeof(detail::BeginBody)] = {};
     std::size_t tx_hdr_len = 0, tx_hdr_off = 0, tx_frame_left = 0;
-    unsigned char rx_hdr[sizeof(detail::FrameHeader)] = {};
-    std::size_t rx_hdr_got = 0;
-    std::uint32_t rx_type = 0;
-    std::size_t rx_left = 0;  // bytes left in the current frame's body
-    unsigned char rx_begin[sizeof(detail::BeginBody)] = {};
-    std::vector<std::byte> staging;
-    std::size_t staged = 0;
+    std::uint32_t rx_type = 0;  // frame being parsed (0: expecting a header)
+    std::size_t rx_left = 0;    // bytes left in the current frame's body
+    // Buffered receive: one recv() brings in headers and small payloads together; large payloads
+    // bypass the buffer and land straight in the destination.
+    std::vector<std::byte> rx;
+    std::size_t rx_beg = 0, rx_end = 0;
+    std::string abort_body;
   };
 
   // ---------------- setup ----------------
@@ -525,7 +525,7 @@ class MeshTransport {
       if (peer.route != Route::tcp) continue;
       net::set_nonblocking(peer.fd, true);
       net::set_nodelay(peer.fd);
-      peer.staging.resize(256 * 1024);
+      peer.rx.resize(256 * 1024);
     }
     // The listener closes with `listener` here: later strangers are refused by the kernel.
   }
@@ -799,6 +799,7 @@ class MeshTransport {
       detail::Op& op = ops_[peer.sendq.front()];
       if (peer.closed) peer_died(p, op);
       if (!op.begun) {
+        // BEGIN and the first DATA header go out with the first payload bytes in one sendmsg.
         detail::FrameHeader h{detail::kFrameBegin, sizeof(detail::BeginBody)};
         detail::BeginBody b{op.bytes, op.sig};
         std::memcpy(peer.tx_hdr, &h, sizeof(h));
@@ -806,6 +807,13 @@ class MeshTransport {
         peer.tx_hdr_len = sizeof(h) + sizeof(b);
         peer.tx_hdr_off = 0;
         peer.tx_frame_left = 0;
+        if (op.bytes > 0) {
+          const std::size_t n = std::min(opts_.tcp_frame_bytes, op.bytes);
+          detail::FrameHeader d{detail::kFrameData, static_cast<std::uint32_t>(n)};
+          std::memcpy(peer.tx_hdr + peer.tx_hdr_len, &d, sizeof(d));
+          peer.tx_hdr_len += sizeof(d);
+          peer.tx_frame_left = n;
+        }
         op.begun = true;
       }
       for (;;) {
@@ -836,9 +844,15 @@ class MeshTransport {
             peer.want_out = true;
             return;
           }
+          const int err = errno;
+          // The peer closed its socket. One that fails sends an ABORT frame first and then
+          // exits, so if we merely lost the race to read it, the frame is queued on our side:
+          // let the receive path throw it (the real error, e.g. a MismatchError, on this rank as
+          // on the others) rather than report a lost connection here.
+          tcp_recv(peer, p);
           peer.closed = true;
           throw PeerLostError("connection to rank " + std::to_string(p) + " lost during " +
-                              op.sig.describe() + ": " + net::errno_text(errno) +
+                              op.sig.describe() + ": " + net::errno_text(err) +
                               "; detected by rank " + std::to_string(rank_));
         }
         std::size_t sent = static_cast<std::size_t>(k);
@@ -852,162 +866,191 @@ class MeshTransport {
     }
   }
 
-  // Reads as much as is available into the current frame; false when the socket would block.
-  bool tcp_read(Peer& peer, int p, void* dst, std::size_t n, std::size_t& got) {
-    while (n > 0) {
+  // Reads what the socket has into the receive buffer; false when nothing came (would block,
+  // or the peer closed: `closed` says which).
+  bool tcp_fill(Peer& peer) {
+    if (peer.rx_beg == peer.rx_end) peer.rx_beg = peer.rx_end = 0;
+    if (peer.rx_end == peer.rx.size()) {  // compact: keep the unparsed tail at the front
+      std::memmove(peer.rx.data(), peer.rx.data() + peer.rx_beg, peer.rx_end - peer.rx_beg);
+      peer.rx_end -= peer.rx_beg;
+      peer.rx_beg = 0;
+    }
+    if (peer.rx_end == peer.rx.size()) return true;  // full of unparsed bytes: parse first
+    if (peer.closed) return false;
+    for (;;) {
+      const ssize_t k =
+          ::recv(peer.fd, peer.rx.data() + peer.rx_end, peer.rx.size() - peer.rx_end, MSG_DONTWAIT);
+      if (k > 0) {
+        peer.rx_end += static_cast<std::size_t>(k);
+        return true;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+      peer.closed = true;  // EOF or reset: an error only if an operation still needs this peer
+      return false;
+    }
+  }
+
+  // A send failed because the peer closed: if the peer told us why first (an ABORT frame waiting
+  // in our receive buffer or socket at a frame boundary), throw that instead of "peer lost".
+  void tcp_rethrow_queued_abort(Peer& peer, int p) {
+    if (peer.rx_type != 0 || peer.rx.empty()) return;
+    for (;;) {  // drain what the kernel still holds, up to the buffer's room
+      if (peer.rx_beg == peer.rx_end) peer.rx_beg = peer.rx_end = 0;
+      if (peer.rx_end == peer.rx.size()) break;
+      const ssize_t k = ::recv(peer.fd, peer.rx.data() + peer.rx_end,
+                               peer.rx.size() - peer.rx_end, MSG_DONTWAIT);
+      if (k > 0) {
+        peer.rx_end += static_cast<std::size_t>(k);
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      break;
+    }
+    const std::size_t avail = peer.rx_end - peer.rx_beg;
+    if (avail < sizeof(detail::FrameHeader)) return;
+    detail::FrameHeader h;
+    std::memcpy(&h, peer.rx.data() + peer.rx_beg, sizeof(h));
+    if (h.type != detail::kFrameAbort || h.len < 8 || avail < sizeof(h) + h.len) return;
+    const char* body = reinterpret_cast<const char*>(peer.rx.data() + peer.rx_beg + sizeof(h));
+    std::int32_t kind = 1, origin = p;
+    std::memcpy(&kind, body, 4);
+    std::memcpy(&origin, body + 4, 4);
+    throw_remote(static_cast<ErrorKind>(kind), origin, std::string(body + 8, h.len - 8));
+  }
+
+  // Reads straight into dst (large payloads skip the buffer); false when nothing came.
+  bool tcp_read_direct(Peer& peer, std::byte* dst, std::size_t n, std::size_t& got) {
+    for (;;) {
       const ssize_t k = ::recv(peer.fd, dst, n, MSG_DONTWAIT);
       if (k > 0) {
         got = static_cast<std::size_t>(k);
         return true;
       }
-      if (k == 0) {
-        peer.closed = true;
-        return false;
-      }
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-      peer.closed = true;
-      (void)p;
+      if (k < 0 && errno == EINTR) continue;
+      if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) peer.closed = true;
       return false;
     }
-    got = 0;
-    return true;
   }
 
   void tcp_recv(Peer& peer, int p) {
-    if (peer.closed) {
-      if (!peer.recvq.empty()) peer_died(p, ops_[peer.recvq.front()]);
-      return;
-    }
+    if (!peer.recvq.empty()) peer.data_waiting = false;
+    if (peer.data_waiting) return;  // a frame waits for a receive not yet posted
     for (;;) {
-      // 1. frame header
-      if (peer.rx_type == 0) {
-        if (peer.recvq.empty() && peer.rx_hdr_got == 0) {
-          // Idle: look without consuming, so an ABORT is seen but data waits for its receive.
-          if (peer.data_waiting) return;
-          detail::FrameHeader h{};
-          const ssize_t k = ::recv(peer.fd, &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
-          if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            peer.closed = true;  // a clean close after the peer's last operation is not an error
-            return;
-          }
-          if (k < static_cast<ssize_t>(sizeof(h))) return;
-          if (h.type != detail::kFrameAbort) {
-            peer.data_waiting = true;
-            return;
-          }
+      std::size_t avail = peer.rx_end - peer.rx_beg;
+      const std::byte* buf = peer.rx.data() + peer.rx_beg;
+      auto need_more = [&]() {
+        if (tcp_fill(peer)) return true;
+        if (peer.closed) tcp_closed(peer, p);
+        return false;
+      };
+      if (peer.rx_type == 0) {  // frame header
+        if (avail < sizeof(detail::FrameHeader)) {
+          if (!need_more()) return;
+          continue;
         }
-        std::size_t got = 0;
-        if (!tcp_read(peer, p, peer.rx_hdr + peer.rx_hdr_got, sizeof(peer.rx_hdr) - peer.rx_hdr_got,
-                      got)) {
-          if (peer.closed) tcp_closed(peer, p);
+        detail::FrameHeader h;
+        std::memcpy(&h, buf, sizeof(h));
+        if (h.type != detail::kFrameAbort && peer.recvq.empty()) {
+          peer.data_waiting = true;  // leave it buffered until its receive is posted
           return;
         }
-        peer.rx_hdr_got += got;
-        if (peer.rx_hdr_got < sizeof(peer.rx_hdr)) continue;
-        detail::FrameHeader h;
-        std::memcpy(&h, peer.rx_hdr, sizeof(h));
-        peer.rx_hdr_got = 0;
+        peer.rx_beg += sizeof(h);
         peer.rx_type = h.type;
         peer.rx_left = h.len;
-        peer.data_waiting = false;
         if (h.type == detail::kFrameAbort) {
           if (h.len > 65536) throw Error("TCP protocol error from rank " + std::to_string(p));
-          peer.staged = 0;
+          peer.abort_body.clear();
         } else if (h.type == detail::kFrameBegin) {
-          if (h.len != sizeof(detail::BeginBody) || peer.recvq.empty()) {
-            throw Error("TCP protocol error from rank " + std::to_string(p) +
-                        " (unexpected BEGIN)");
+          if (h.len != sizeof(detail::BeginBody)) {
+            throw Error("TCP protocol error from rank " + std::to_string(p) + " (bad BEGIN)");
           }
-          peer.staged = 0;
         } else if (h.type == detail::kFrameData) {
-          if (peer.recvq.empty() || !ops_[peer.recvq.front()].begun) {
-            throw Error("TCP protocol error from rank " + std::to_string(p) + " (unexpected DATA)");
+          if (!ops_[peer.recvq.front()].begun) {
+            throw Error("TCP protocol error from rank " + std::to_string(p) +
+                        " (DATA before BEGIN)");
           }
         } else {
           throw Error("TCP protocol error from rank " + std::to_string(p) + " (bad frame type)");
         }
+        continue;
       }
-      // 2. frame body
       if (peer.rx_type == detail::kFrameAbort) {
-        if (peer.staging.size() < peer.rx_left + peer.staged) peer.staging.resize(65536);
-        std::size_t got = 0;
+        const std::size_t n = std::min(avail, peer.rx_left);
+        peer.abort_body.append(reinterpret_cast<const char*>(buf), n);
+        peer.rx_beg += n;
+        peer.rx_left -= n;
         if (peer.rx_left > 0) {
-          if (!tcp_read(peer, p, peer.staging.data() + peer.staged, peer.rx_left, got)) {
-            if (peer.closed) tcp_closed(peer, p);
-            return;
-          }
-          peer.staged += got;
-          peer.rx_left -= got;
-          if (peer.rx_left > 0) continue;
+          if (!need_more()) return;
+          continue;
         }
         std::int32_t kind = 1, origin = p;
-        if (peer.staged >= 8) {
-          std::memcpy(&kind, peer.staging.data(), 4);
-          std::memcpy(&origin, peer.staging.data() + 4, 4);
+        std::string reason;
+        if (peer.abort_body.size() >= 8) {
+          std::memcpy(&kind, peer.abort_body.data(), 4);
+          std::memcpy(&origin, peer.abort_body.data() + 4, 4);
+          reason = peer.abort_body.substr(8);
         }
-        const std::string reason(reinterpret_cast<const char*>(peer.staging.data()) + 8,
-                                 peer.staged >= 8 ? peer.staged - 8 : 0);
         peer.closed = true;
         throw_remote(static_cast<ErrorKind>(kind), origin, reason);
       }
-      if (peer.recvq.empty()) return;
       detail::Op& op = ops_[peer.recvq.front()];
       if (peer.rx_type == detail::kFrameBegin) {
-        std::size_t got = 0;
-        const std::size_t off = sizeof(detail::BeginBody) - peer.rx_left;
-        if (!tcp_read(peer, p, peer.rx_begin + off, peer.rx_left, got)) {
-          if (peer.closed) tcp_closed(peer, p);
-          return;
+        if (avail < sizeof(detail::BeginBody)) {
+          if (!need_more()) return;
+          continue;
         }
-        peer.rx_left -= got;
-        if (peer.rx_left > 0) continue;
         detail::BeginBody b;
-        std::memcpy(&b, peer.rx_begin, sizeof(b));
+        std::memcpy(&b, buf, sizeof(b));
+        peer.rx_beg += sizeof(b);
+        peer.rx_type = 0;
         if (b.sig != op.sig || b.total != op.bytes) mismatch(p, b.sig, b.total, op);
         op.begun = true;
-        peer.rx_type = 0;
-        if (op.bytes == 0) complete(peer, false);
+        if (op.bytes == 0) {
+          complete(peer, false);
+          if (peer.recvq.empty()) return;
+        }
         continue;
       }
-      // DATA
+      // DATA payload for the op at the head of the queue.
       if (peer.rx_left == 0) {
         peer.rx_type = 0;
         continue;
       }
-      if (op.kind == detail::Op::Kind::recv) {
+      const std::size_t want = std::min(peer.rx_left, op.bytes - op.done);
+      const bool reduce = op.kind == detail::Op::Kind::recv_reduce;
+      if (avail > 0) {
+        std::size_t n = std::min(avail, want);
+        if (reduce) n = n / op.rs.elem_size * op.rs.elem_size;  // whole elements only
+        if (n == 0) {  // a partial element: fetch the rest
+          if (peer.rx_end == peer.rx.size()) tcp_fill(peer);  // compacts
+          if (!need_more()) return;
+          continue;
+        }
+        if (reduce) {
+          op.rs.fn(op.dst + op.done, op.src + op.done, buf, n / op.rs.elem_size);
+        } else {
+          std::memcpy(op.dst + op.done, buf, n);
+        }
+        peer.rx_beg += n;
+        op.done += n;
+        peer.rx_left -= n;
+      } else if (!reduce && want >= 16384) {
         std::size_t got = 0;
-        if (!tcp_read(peer, p, op.dst + op.done, std::min(peer.rx_left, op.bytes - op.done), got)) {
+        if (!tcp_read_direct(peer, op.dst + op.done, want, got)) {
           if (peer.closed) tcp_closed(peer, p);
           return;
         }
         op.done += got;
         peer.rx_left -= got;
       } else {
-        // Reduce straight from the staging buffer in whole elements; a partial element waits.
-        const std::size_t room = peer.staging.size() - peer.staged;
-        std::size_t got = 0;
-        if (!tcp_read(peer, p, peer.staging.data() + peer.staged,
-                      std::min({room, peer.rx_left, op.bytes - op.done - peer.staged}), got)) {
-          if (peer.closed) tcp_closed(peer, p);
-          return;
-        }
-        peer.staged += got;
-        peer.rx_left -= got;
-        const std::size_t whole = peer.staged / op.rs.elem_size * op.rs.elem_size;
-        if (whole > 0) {
-          op.rs.fn(op.dst + op.done, op.src + op.done, peer.staging.data(),
-                   whole / op.rs.elem_size);
-          op.done += whole;
-          peer.staged -= whole;
-          if (peer.staged)
-            std::memmove(peer.staging.data(), peer.staging.data() + whole, peer.staged);
-        }
+        if (!need_more()) return;
+        continue;
       }
       if (peer.rx_left == 0) peer.rx_type = 0;
-      if (op.done == op.bytes) {
+      if (op.done == op.bytes && peer.rx_type == 0) {
         complete(peer, false);
-        if (peer.recvq.empty() && peer.rx_type == 0) return;
+        if (peer.recvq.empty()) return;
       }
     }
   }
