@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "kolo/algorithm/allreduce_recursive_doubling.hpp"
 #include "kolo/algorithm/alltoall_pairwise.hpp"
 #include "kolo/algorithm/barrier_dissemination.hpp"
 #include "kolo/algorithm/broadcast_chain.hpp"
@@ -46,9 +47,13 @@ namespace kolo {
 
 struct CommunicatorOptions {
   std::size_t segment_bytes = 256 * 1024;
+  std::size_t small_allreduce_bytes = 16 * 1024;  // up to this, recursive doubling
 
   static CommunicatorOptions from_env(const EnvLookup& env = process_env()) {
     CommunicatorOptions o;
+    if (auto v = env_int(env, "KOLO_SMALL_ALLREDUCE_BYTES", 0, 1ll << 40)) {
+      o.small_allreduce_bytes = static_cast<std::size_t>(*v);
+    }
     if (auto v = env_int(env, "KOLO_SEGMENT_BYTES", 64, 1ll << 30)) {
       o.segment_bytes = static_cast<std::size_t>(*v);
     }
@@ -65,10 +70,18 @@ class Communicator {
   static Communicator from_env() { return Communicator(Topology::from_env()); }
 
   explicit Communicator(Topology topo, CommunicatorOptions opts = CommunicatorOptions::from_env())
-      : boot_(std::make_unique<Bootstrap>(std::move(topo))), opts_(opts) {
+      : opts_(opts) {
     if constexpr (std::is_same_v<T, MeshTransport>) {
-      transport_ = std::make_unique<T>(*boot_, route_mode_from_env());
+      // The transport's variables are read before the rendezvous, like the Topology's: a bad
+      // value then fails every rank alike. Read after it, rank 0 (which may host the store)
+      // would throw and take the store down while the others are still using it, and they
+      // would report "store lost" instead of the bad variable.
+      const RouteMode mode = route_mode_from_env();
+      const MeshOptions mesh = MeshOptions::from_env();
+      boot_ = std::make_unique<Bootstrap>(std::move(topo));
+      transport_ = std::make_unique<T>(*boot_, mode, mesh);
     } else {
+      boot_ = std::make_unique<Bootstrap>(std::move(topo));
       transport_ = std::make_unique<T>(*boot_);
     }
   }
@@ -96,7 +109,14 @@ class Communicator {
         throw ConfigError("allreduce: input has " + std::to_string(in.count) +
                           " elements but output has " + std::to_string(out.count));
       }
-      allreduce_ring(*transport_, in.data, out.data, in.count, in.dtype, op, opt);
+      // Latency-bound sizes: recursive doubling (log2 n rounds); bandwidth-bound: the ring.
+      // (A measured cost model replaces this threshold in the algorithm-selection work.)
+      if (in.bytes() <= opts_.small_allreduce_bytes) {
+        allreduce_recursive_doubling(*transport_, in.data, out.data, in.count, in.dtype, op,
+                                     scratch_, opt);
+      } else {
+        allreduce_ring(*transport_, in.data, out.data, in.count, in.dtype, op, opt);
+      }
     });
   }
   void allreduce(TensorView inout, ReduceOp op = ReduceOp::sum) { allreduce(inout, inout, op); }
