@@ -45,6 +45,40 @@
 
 namespace kolo {
 
+// A transport that owns a native collective (MPI_Allreduce, ncclAllReduce) exposes it as
+// native_<collective>(...) returning true when it took the call (dtype and op supported), false
+// to fall back to kolo's own algorithms — NCCL's "native collective when available".
+template <class T>
+concept HasNativeAllreduce = requires(T& t, const void* in, void* out, std::size_t n, DataType d,
+                                      ReduceOp op, const AlgoOptions& o) {
+  { t.native_allreduce(in, out, n, d, op, o) } -> std::same_as<bool>;
+};
+template <class T>
+concept HasNativeAllgatherv = requires(T& t, const void* in, void* out,
+                                       std::span<const std::size_t> counts, DataType d,
+                                       const AlgoOptions& o) {
+  { t.native_allgatherv(in, out, counts, d, o) } -> std::same_as<bool>;
+};
+template <class T>
+concept HasNativeBroadcast = requires(T& t, void* data, std::size_t n, DataType d, int root,
+                                      const AlgoOptions& o) {
+  { t.native_broadcast(data, n, d, root, o) } -> std::same_as<bool>;
+};
+template <class T>
+concept HasNativeReduceScatter = requires(T& t, const void* in, void* out, std::size_t n,
+                                          DataType d, ReduceOp op, const AlgoOptions& o) {
+  { t.native_reduce_scatter(in, out, n, d, op, o) } -> std::same_as<bool>;
+};
+template <class T>
+concept HasNativeAlltoall = requires(T& t, const void* in, void* out, std::size_t n, DataType d,
+                                     const AlgoOptions& o) {
+  { t.native_alltoall(in, out, n, d, o) } -> std::same_as<bool>;
+};
+template <class T>
+concept HasNativeBarrier = requires(T& t, const AlgoOptions& o) {
+  { t.native_barrier(o) } -> std::same_as<bool>;
+};
+
 struct CommunicatorOptions {
   std::size_t segment_bytes = 256 * 1024;
   std::size_t small_allreduce_bytes = 16 * 1024;  // up to this, recursive doubling
@@ -84,6 +118,22 @@ class Communicator {
       boot_ = std::make_unique<Bootstrap>(std::move(topo));
       transport_ = std::make_unique<T>(*boot_);
     }
+    topo_ = boot_->topology();
+  }
+
+  // Adopts a transport built elsewhere (e.g. from an MPI communicator: no store, no KOLO_*
+  // variables). Its topology comes from the transport when it has one.
+  explicit Communicator(std::unique_ptr<T> transport,
+                        CommunicatorOptions opts = CommunicatorOptions::from_env())
+      : transport_(std::move(transport)), opts_(opts) {
+    if constexpr (requires(const T& t) {
+                    { t.topology() } -> std::convertible_to<const Topology&>;
+                  }) {
+      topo_ = transport_->topology();
+    } else {
+      topo_.rank = transport_->rank();
+      topo_.size = transport_->size();
+    }
   }
 
   Communicator(Communicator&&) noexcept = default;
@@ -91,13 +141,14 @@ class Communicator {
 
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }
-  int local_rank() const { return boot_->topology().local_rank; }
-  int local_size() const { return boot_->topology().local_size; }
-  int cross_rank() const { return boot_->topology().cross_rank; }
-  int cross_size() const { return boot_->topology().cross_size; }
-  const Topology& topology() const { return boot_->topology(); }
+  int local_rank() const { return topo_.local_rank; }
+  int local_size() const { return topo_.local_size; }
+  int cross_rank() const { return topo_.cross_rank; }
+  int cross_size() const { return topo_.cross_size; }
+  const Topology& topology() const { return topo_; }
   T& transport() { return *transport_; }
-  Bootstrap& bootstrap() { return *boot_; }
+  // The rendezvous this communicator was built with; nullptr when it adopted a transport.
+  Bootstrap* bootstrap() { return boot_.get(); }
 
   // ---- allreduce ----
   void allreduce(TensorView in, TensorView out, ReduceOp op = ReduceOp::sum) {
@@ -108,6 +159,9 @@ class Communicator {
       if (in.count != out.count) {
         throw ConfigError("allreduce: input has " + std::to_string(in.count) +
                           " elements but output has " + std::to_string(out.count));
+      }
+      if constexpr (HasNativeAllreduce<T>) {
+        if (transport_->native_allreduce(in.data, out.data, in.count, in.dtype, op, opt)) return;
       }
       // Latency-bound sizes: recursive doubling (log2 n rounds); bandwidth-bound: the ring.
       // (A measured cost model replaces this threshold in the algorithm-selection work.)
@@ -137,6 +191,10 @@ class Communicator {
             throw ConfigError("allgather: output has " + std::to_string(out.count) +
                               " elements, expected size x input = " + std::to_string(size()) +
                               " x " + std::to_string(in.count));
+          }
+          if constexpr (HasNativeAllgatherv<T>) {
+            const std::vector<std::size_t> counts(static_cast<std::size_t>(size()), in.count);
+            if (transport_->native_allgatherv(in.data, out.data, counts, in.dtype, opt)) return;
           }
           allgather_ring(*transport_, in.data, out.data, in.count, dtype_size(in.dtype), opt);
         });
@@ -179,6 +237,9 @@ class Communicator {
         [&](const AlgoOptions& opt) {
           check_cpu(data, "broadcast buffer");
           check_root(root, "broadcast");
+          if constexpr (HasNativeBroadcast<T>) {
+            if (transport_->native_broadcast(data.data, data.count, data.dtype, root, opt)) return;
+          }
           broadcast_chain(*transport_, data.data, data.bytes(), root, opt);
         });
   }
@@ -196,6 +257,11 @@ class Communicator {
         throw ConfigError("reduce_scatter: input has " + std::to_string(in.count) +
                           " elements, expected size x output = " + std::to_string(size()) + " x " +
                           std::to_string(out.count));
+      }
+      if constexpr (HasNativeReduceScatter<T>) {
+        if (transport_->native_reduce_scatter(in.data, out.data, out.count, in.dtype, op, opt)) {
+          return;
+        }
       }
       reduce_scatter_ring(*transport_, in.data, out.data, out.count, in.dtype, op, scratch_, opt);
     });
@@ -217,6 +283,13 @@ class Communicator {
           if (in.data == out.data && in.count > 0 && size() > 1) {
             throw ConfigError("alltoall: in-place is not supported; pass distinct buffers");
           }
+          if constexpr (HasNativeAlltoall<T>) {
+            if (transport_->native_alltoall(in.data, out.data,
+                                            in.count / static_cast<std::size_t>(size()), in.dtype,
+                                            opt)) {
+              return;
+            }
+          }
           alltoall_pairwise(*transport_, in.data, out.data,
                             in.count / static_cast<std::size_t>(size()) * dtype_size(in.dtype),
                             opt);
@@ -225,8 +298,12 @@ class Communicator {
 
   // ---- barrier ----
   void barrier() {
-    run(Collective::barrier, DataType::uint8, ReduceOp::sum, 0, -1, 0,
-        [&](const AlgoOptions& opt) { barrier_dissemination(*transport_, opt); });
+    run(Collective::barrier, DataType::uint8, ReduceOp::sum, 0, -1, 0, [&](const AlgoOptions& opt) {
+      if constexpr (HasNativeBarrier<T>) {
+        if (transport_->native_barrier(opt)) return;
+      }
+      barrier_dissemination(*transport_, opt);
+    });
   }
 
  private:
@@ -290,6 +367,7 @@ class Communicator {
 
   std::unique_ptr<Bootstrap> boot_;
   std::unique_ptr<T> transport_;
+  Topology topo_;
   CommunicatorOptions opts_;
   std::uint64_t seq_ = 0;
   std::vector<std::byte> scratch_;

@@ -268,10 +268,10 @@ TEST_CASE("barrier: nobody leaves before everyone arrived") {
   auto& c = comm();
   // Each rank adds to a store counter before the barrier; after it, all increments are visible.
   for (int round = 0; round < 3; ++round) {
-    if (c.size() > 1) c.bootstrap().store()->add("test/barrier/" + std::to_string(round), 1);
+    if (c.size() > 1) c.bootstrap()->store()->add("test/barrier/" + std::to_string(round), 1);
     c.barrier();
     if (c.size() > 1) {
-      const std::string v = c.bootstrap().store()->get("test/barrier/" + std::to_string(round));
+      const std::string v = c.bootstrap()->store()->get("test/barrier/" + std::to_string(round));
       CHECK(std::stoll(v) == c.size());
     }
   }
@@ -290,7 +290,7 @@ TEST_CASE("typed span overloads and topology") {
 TEST_CASE("routes follow hosts: shared memory within a host and TCP across hosts") {
   auto& c = comm();
   auto& t = c.transport();
-  const auto& keys = c.bootstrap().host_keys();
+  const auto& keys = c.bootstrap()->host_keys();
   for (int p = 0; p < c.size(); ++p) {
     if (p == c.rank()) continue;
     const bool same_host =
