@@ -1,0 +1,828 @@
+// kolo/engine/engine.hpp — asynchronous named collectives with negotiation and tensor fusion:
+// what Horovod's C++ core does, on top of a kolo Communicator.
+//
+// The caller enqueues named tensors (allreduce_async, allgather_async, broadcast_async,
+// grouped_allreduce_async) from any thread and gets a Handle. A progress thread owns the
+// communicator and runs cycles; in each cycle all ranks agree which names are ready on every
+// rank, fuse ready allreduces of one dtype/op/scaling into the FusionBuffer, run one collective
+// per fused buffer, and complete the handles. Ranks may submit names in any order.
+//
+// Negotiation is replicated rather than centralised: every rank runs the same deterministic
+// coordinator over the same data, so no rank has to broadcast decisions.
+//  * Steady state (every name seen before): one min-allreduce over a byte vector — per cached
+//    tensor a "pending here" byte (min = AND across ranks: ready everywhere) and a "still valid"
+//    byte, plus flags (shutdown, someone has new names, per-rank joined). This is Horovod's
+//    response cache with its bitwise-AND fast path, one byte per tensor instead of one bit
+//    because kolo's reduce ops are arithmetic.
+//  * New names (or changed parameters): ranks allgatherv their serialized requests; each rank
+//    files them in an identical table; a name is ready when every non-joined rank submitted it,
+//    and parameters that differ across ranks become a MismatchError on every rank, naming the
+//    ranks and what each submitted. Ready names get cache slots, in table order, on every rank.
+//  * Stalls: a name waiting longer than KOLO_STALL_WARNING_SECONDS is logged by rank 0 with the
+//    ranks that have not submitted it (cached names are first evicted so that the table can name
+//    them); past KOLO_STALL_SHUTDOWN_SECONDS (if set) rank 0 shuts the engine down on all ranks.
+//  * join(): a joined rank reports every cached name as pending and counts as having submitted
+//    every new one, contributing zeros (the identity of sum/average), until all ranks joined.
+//  * Any collective error (dead peer, timeout) fails every pending handle on every rank.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kolo/communicator.hpp"
+#include "kolo/core/env.hpp"
+#include "kolo/core/error.hpp"
+#include "kolo/core/tensor.hpp"
+#include "kolo/engine/fusion_buffer.hpp"
+#include "kolo/engine/handle.hpp"
+#include "kolo/engine/request.hpp"
+#include "kolo/engine/timeline.hpp"
+
+namespace kolo {
+
+struct EngineOptions {
+  std::size_t fusion_threshold = 128ull << 20;  // KOLO_FUSION_THRESHOLD (Horovod's default)
+  double cycle_time_ms = 1.0;                   // KOLO_CYCLE_TIME_MS
+  double stall_warning_seconds = 60.0;          // KOLO_STALL_WARNING_SECONDS
+  double stall_shutdown_seconds = 0.0;          // KOLO_STALL_SHUTDOWN_SECONDS (0: never)
+  std::size_t cache_capacity = 1024;            // KOLO_CACHE_CAPACITY (0 disables the cache)
+  std::string timeline;                         // KOLO_TIMELINE
+
+  static EngineOptions from_env(const EnvLookup& env = process_env()) {
+    EngineOptions o;
+    if (auto v = env_int(env, "KOLO_FUSION_THRESHOLD", 0, 1ll << 40)) {
+      o.fusion_threshold = static_cast<std::size_t>(*v);
+    }
+    if (auto v = env_double(env, "KOLO_CYCLE_TIME_MS", 0.0, 10000.0)) o.cycle_time_ms = *v;
+    if (auto v = env_double(env, "KOLO_STALL_WARNING_SECONDS", 0.0, 1e7)) {
+      o.stall_warning_seconds = *v;
+    }
+    if (auto v = env_double(env, "KOLO_STALL_SHUTDOWN_SECONDS", 0.0, 1e7)) {
+      o.stall_shutdown_seconds = *v;
+    }
+    if (auto v = env_int(env, "KOLO_CACHE_CAPACITY", 0, 1 << 24)) {
+      o.cache_capacity = static_cast<std::size_t>(*v);
+    }
+    if (auto v = env("KOLO_TIMELINE"); v && !v->empty()) o.timeline = *v;
+    return o;
+  }
+};
+
+struct EngineStats {
+  std::uint64_t cycles = 0;
+  std::uint64_t uncached_cycles = 0;  // cycles that needed the request exchange
+  std::uint64_t cached_responses = 0;
+  std::uint64_t uncached_responses = 0;
+  std::uint64_t fused_collectives = 0;
+  double negotiation_seconds = 0;  // time spent agreeing, not moving tensors
+};
+
+template <Transport T = MeshTransport>
+class Engine {
+  using clock = std::chrono::steady_clock;
+
+ public:
+  explicit Engine(Communicator<T> comm, EngineOptions opts = EngineOptions::from_env())
+      : comm_(std::move(comm)), opts_(std::move(opts)) {
+    if (!opts_.timeline.empty() && comm_.rank() == 0) timeline_.open(opts_.timeline, 0);
+    thread_ = std::thread([this] { loop(); });
+  }
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  ~Engine() { shutdown(); }
+
+  int rank() const { return comm_.rank(); }
+  int size() const { return comm_.size(); }
+
+  // Reduces `tensor` across ranks under `name`: output (default: in place) =
+  // postscale · op_r(prescale · tensor_r); average divides by the number of ranks.
+  Handle allreduce_async(std::string name, TensorView tensor, ReduceOp op = ReduceOp::sum,
+                         double prescale = 1.0, double postscale = 1.0, TensorView output = {}) {
+    RequestParams p;
+    p.kind = OpKind::allreduce;
+    p.dtype = tensor.dtype;
+    p.op = op;
+    p.count = tensor.count;
+    p.prescale = prescale;
+    p.postscale = postscale;
+    return enqueue(std::move(name), tensor, output.data ? output : tensor, p);
+  }
+
+  // All members execute in the same fused collective, or fail together.
+  std::vector<Handle> grouped_allreduce_async(
+      const std::string& group, const std::vector<std::pair<std::string, TensorView>>& tensors,
+      ReduceOp op = ReduceOp::sum, double prescale = 1.0, double postscale = 1.0) {
+    std::vector<Handle> out;
+    for (const auto& [name, t] : tensors) {
+      RequestParams p;
+      p.kind = OpKind::allreduce;
+      p.dtype = t.dtype;
+      p.op = op;
+      p.count = t.count;
+      p.prescale = prescale;
+      p.postscale = postscale;
+      p.group = group;
+      p.group_size = static_cast<std::uint32_t>(tensors.size());
+      out.push_back(enqueue(name, t, t, p));
+    }
+    return out;
+  }
+
+  // Concatenates every rank's tensor (counts may differ) in rank order; Handle::output().
+  Handle allgather_async(std::string name, TensorView tensor) {
+    RequestParams p;
+    p.kind = OpKind::allgather;
+    p.dtype = tensor.dtype;
+    p.count = tensor.count;
+    return enqueue(std::move(name), tensor, tensor, p);
+  }
+
+  // Copies root's tensor into every rank's tensor (in place).
+  Handle broadcast_async(std::string name, TensorView tensor, int root = 0) {
+    RequestParams p;
+    p.kind = OpKind::broadcast;
+    p.dtype = tensor.dtype;
+    p.count = tensor.count;
+    p.root = root;
+    return enqueue(std::move(name), tensor, tensor, p);
+  }
+
+  // For uneven data: this rank stops submitting and contributes zeros to the others' allreduces
+  // until every rank has joined; then all return.
+  void join() {
+    auto state = std::make_shared<detail::HandleState>();
+    {
+      std::lock_guard lock(mu_);
+      if (dead_) std::rethrow_exception(dead_);
+      join_waiters_.push_back(state);
+    }
+    cv_.notify_one();
+    Handle(state).wait();
+  }
+
+  // Stops the engine on every rank (any rank's shutdown ends it for all, as in Horovod):
+  // pending operations fail. Also called by the destructor.
+  void shutdown() {
+    {
+      std::lock_guard lock(mu_);
+      shutdown_requested_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    timeline_.close();
+  }
+
+  EngineStats stats() const {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
+
+  // The communicator, for blocking collectives while the engine is idle (not thread-safe
+  // against the engine's own cycles: use the engine or the communicator, not both at once).
+  Communicator<T>& communicator() { return comm_; }
+
+ private:
+  struct Local {
+    std::shared_ptr<detail::HandleState> handle;
+    TensorView in, out;
+    RequestParams p;
+    clock::time_point enqueued, ready;
+    int cache_slot = -1;
+  };
+  struct CacheSlot {
+    bool used = false;
+    std::string name;
+    RequestParams p;
+  };
+  struct TableEntry {
+    std::string name;
+    std::vector<std::optional<RequestParams>> by_rank;
+    clock::time_point first_seen;
+    bool warned = false;
+    bool done = false;
+  };
+  struct Response {
+    std::string name;
+    RequestParams p;
+    std::vector<std::size_t> counts;  // allgather
+    std::string error;                // non-empty: a mismatch, delivered to the handle
+    bool cached = false;
+  };
+
+  Handle enqueue(std::string name, TensorView in, TensorView out, const RequestParams& p) {
+    auto state = std::make_shared<detail::HandleState>();
+    state->output = out;
+    if (in.device != Device::cpu() || out.device != Device::cpu()) {
+      throw ConfigError("engine: tensor '" + name + "' is on a CUDA device; host engine only");
+    }
+    if (in.count > 0 && (!in.data || !out.data)) {
+      throw ConfigError("engine: tensor '" + name + "' has a null data pointer");
+    }
+    if (out.count != in.count || out.dtype != in.dtype) {
+      throw ConfigError("engine: tensor '" + name +
+                        "': output must match the input's count and dtype");
+    }
+    if (!dtype_is_floating(p.dtype) && (p.prescale != 1.0 || p.postscale != 1.0)) {
+      throw ConfigError("engine: tensor '" + name + "': prescale/postscale need a floating dtype");
+    }
+    if (p.kind == OpKind::broadcast && (p.root < 0 || p.root >= size())) {
+      throw ConfigError("engine: tensor '" + name + "': broadcast root " + std::to_string(p.root) +
+                        " is not a rank");
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (dead_) std::rethrow_exception(dead_);
+      if (shutdown_requested_) throw Error("engine: shut down; no new operations");
+      inbox_.push_back({std::move(name), Local{state, in, out, p, clock::now(), {}, -1}});
+    }
+    cv_.notify_one();
+    return Handle(state);
+  }
+
+  // ---------------- the progress thread ----------------
+
+  void loop() {
+    try {
+      bool busy = true;
+      for (;;) {
+        if (!busy) {
+          // Idle: wait for work or the cycle clock (all ranks cycle together: a rank with work
+          // waits inside the first collective for the others' clocks).
+          std::unique_lock lock(mu_);
+          cv_.wait_for(lock, std::chrono::duration<double, std::milli>(opts_.cycle_time_ms), [&] {
+            return !inbox_.empty() || shutdown_requested_ || !join_waiters_.empty();
+          });
+        }
+        const auto r = cycle();
+        if (r == CycleResult::stop) break;
+        busy = r == CycleResult::progress;
+      }
+    } catch (const Error& e) {
+      fail_everything(std::make_exception_ptr(e));
+    } catch (...) {
+      fail_everything(std::current_exception());
+    }
+  }
+
+  enum class CycleResult { idle, progress, stop };
+
+  CycleResult cycle() {
+    const int n = size();
+    const int me = rank();
+    const auto t0 = clock::now();
+    // 1. Take new work.
+    std::vector<std::pair<std::string, Local>> incoming;
+    bool want_shutdown, want_join;
+    {
+      std::lock_guard lock(mu_);
+      incoming.swap(inbox_);
+      want_shutdown = shutdown_requested_;
+      want_join = !join_waiters_.empty();
+    }
+    for (auto& [name, local] : incoming) intake(name, std::move(local));
+    if (want_join) joined_ = true;
+    if (stall_shutdown_) want_shutdown = true;
+    // Cached names stuck past half the warning time leave the cache, so the table can say who
+    // is missing them.
+    if (opts_.stall_warning_seconds > 0) {
+      for (auto& [name, local] : pending_) {
+        if (local.cache_slot >= 0 &&
+            seconds_since(local.enqueued) > opts_.stall_warning_seconds / 2) {
+          invalid_[static_cast<std::size_t>(local.cache_slot)] = 1;
+        }
+      }
+    }
+
+    // 2. The one collective of a steady-state cycle: min over [shutdown?, new names?, joined
+    //    by rank..., (pending, valid) per cache slot].
+    const std::size_t slots = cache_.size();
+    const std::size_t base = 2 + static_cast<std::size_t>(n);
+    flags_.assign(base + 2 * slots, 1);
+    flags_[0] = want_shutdown ? 0 : 1;
+    flags_[1] = to_send_.empty() ? 1 : 0;
+    for (int r = 0; r < n; ++r)
+      flags_[2 + static_cast<std::size_t>(r)] = r == me ? (joined_ ? 1 : 0) : 1;
+    for (std::size_t k = 0; k < slots; ++k) {
+      flags_[base + 2 * k] = (joined_ || slot_pending_[k]) ? 1 : 0;
+      flags_[base + 2 * k + 1] = invalid_[k] ? 0 : 1;
+    }
+    comm_.allreduce(TensorView(flags_.data(), flags_.size(), DataType::uint8), ReduceOp::min);
+    bump([](EngineStats& s) { ++s.cycles; });
+
+    if (flags_[0] == 0) {
+      fail_pending(std::make_exception_ptr(Error(shutdown_reason())));
+      return CycleResult::stop;
+    }
+    std::vector<bool> joined(static_cast<std::size_t>(n));
+    bool all_joined = true;
+    for (int r = 0; r < n; ++r) {
+      joined[static_cast<std::size_t>(r)] = flags_[2 + static_cast<std::size_t>(r)] != 0;
+      all_joined = all_joined && joined[static_cast<std::size_t>(r)];
+    }
+
+    std::vector<Response> responses;
+    // 3. Evictions first (identical on every rank), then cached names ready everywhere.
+    for (std::size_t k = 0; k < slots; ++k) {
+      if (flags_[base + 2 * k + 1] == 0 && cache_[k].used) evict(k);
+    }
+    if (!all_joined) {
+      for (std::size_t k = 0; k < slots; ++k) {
+        if (cache_[k].used && flags_[base + 2 * k] == 1) {
+          responses.push_back({cache_[k].name, cache_[k].p, {}, {}, true});
+          slot_pending_[k] = 0;
+        }
+      }
+    }
+
+    // 4. New names: gather every rank's requests, file them, decide.
+    bool exchanged = false;
+    if (flags_[1] == 0) {
+      exchanged = true;
+      exchange_requests(joined, responses);
+    }
+    const auto t1 = clock::now();
+    bump([&](EngineStats& s) {
+      s.negotiation_seconds += std::chrono::duration<double>(t1 - t0).count();
+      if (exchanged) ++s.uncached_cycles;
+    });
+    if (me == 0) inspect_stalls(joined);
+
+    // 5. Groups execute only when complete.
+    responses = hold_incomplete_groups(std::move(responses));
+
+    // 6. Run them.
+    const bool did = !responses.empty();
+    execute(responses);
+
+    // 7. Join completes when every rank has joined.
+    if (all_joined && joined_) {
+      joined_ = false;
+      std::vector<std::shared_ptr<detail::HandleState>> waiters;
+      {
+        std::lock_guard lock(mu_);
+        waiters.swap(join_waiters_);
+      }
+      for (auto& w : waiters) w->finish();
+    }
+    return did || exchanged ? CycleResult::progress : CycleResult::idle;
+  }
+
+  void intake(const std::string& name, Local local) {
+    if (pending_.count(name) || held_names_.count(name)) {
+      local.handle->finish(std::make_exception_ptr(
+          Error("engine: tensor '" + name + "' is already in flight on rank " +
+                std::to_string(rank()) + "; wait for it before submitting the name again")));
+      return;
+    }
+    auto it = cache_index_.find(name);
+    if (it != cache_index_.end()) {
+      const auto k = static_cast<std::size_t>(it->second);
+      if (cache_[k].p == local.p) {
+        local.cache_slot = it->second;
+        slot_pending_[k] = 1;
+      } else {
+        invalid_[k] = 1;  // parameters changed: everyone drops the slot, the table decides
+        to_send_.push_back(name);
+      }
+    } else {
+      to_send_.push_back(name);
+    }
+    pending_.emplace(name, std::move(local));
+  }
+
+  void evict(std::size_t k) {
+    const std::string name = cache_[k].name;
+    cache_index_.erase(name);
+    cache_[k] = CacheSlot{};
+    slot_pending_[k] = 0;
+    invalid_[k] = 0;
+    auto it = pending_.find(name);
+    if (it != pending_.end() && it->second.cache_slot == static_cast<int>(k)) {
+      it->second.cache_slot = -1;
+      to_send_.push_back(name);
+    }
+    // Also drop a stale "changed parameters" request already queued: it stays in to_send_.
+  }
+
+  void exchange_requests(const std::vector<bool>& joined, std::vector<Response>& responses) {
+    const int n = size();
+    std::string mine;
+    for (const std::string& name : to_send_) {
+      auto it = pending_.find(name);
+      if (it == pending_.end() || it->second.cache_slot >= 0) continue;
+      serialize(mine, WireRequest{name, it->second.p});
+    }
+    to_send_.clear();
+    std::vector<std::int64_t> sizes(static_cast<std::size_t>(n));
+    std::int64_t my_size = static_cast<std::int64_t>(mine.size());
+    comm_.allgather(TensorView(&my_size, 1, DataType::int64),
+                    TensorView(sizes.data(), sizes.size(), DataType::int64));
+    std::vector<std::size_t> counts(sizes.begin(), sizes.end());
+    std::size_t total = 0;
+    for (auto c : counts) total += c;
+    std::string all(total, '\0');
+    comm_.allgatherv(TensorView(mine.data(), mine.size(), DataType::uint8),
+                     TensorView(all.data(), all.size(), DataType::uint8), counts);
+    std::size_t off = 0;
+    const auto now = clock::now();
+    for (int r = 0; r < n; ++r) {
+      const auto reqs = deserialize_requests(all.substr(off, counts[static_cast<std::size_t>(r)]));
+      off += counts[static_cast<std::size_t>(r)];
+      for (const auto& req : reqs) {
+        auto it = table_index_.find(req.name);
+        if (it == table_index_.end()) {
+          it = table_index_.emplace(req.name, table_.size()).first;
+          table_.push_back(TableEntry{
+              req.name, std::vector<std::optional<RequestParams>>(static_cast<std::size_t>(n)), now,
+              false, false});
+        }
+        table_[it->second].by_rank[static_cast<std::size_t>(r)] = req.p;
+      }
+    }
+    // Decide, in table order (the same on every rank).
+    for (auto& e : table_) {
+      bool ready = true, any = false;
+      for (int r = 0; r < n; ++r) {
+        const auto& got = e.by_rank[static_cast<std::size_t>(r)];
+        any = any || got.has_value();
+        ready = ready && (got.has_value() || joined[static_cast<std::size_t>(r)]);
+      }
+      if (!ready || !any) continue;
+      e.done = true;
+      responses.push_back(decide(e, joined));
+    }
+    std::erase_if(table_, [](const TableEntry& e) { return e.done; });
+    table_index_.clear();
+    for (std::size_t i = 0; i < table_.size(); ++i) table_index_[table_[i].name] = i;
+  }
+
+  Response decide(const TableEntry& e, const std::vector<bool>& joined) {
+    const int n = size();
+    Response resp;
+    resp.name = e.name;
+    int first = -1;
+    for (int r = 0; r < n; ++r) {
+      if (e.by_rank[static_cast<std::size_t>(r)]) {
+        first = r;
+        break;
+      }
+    }
+    resp.p = *e.by_rank[static_cast<std::size_t>(first)];
+    for (int r = first + 1; r < n; ++r) {
+      const auto& q = e.by_rank[static_cast<std::size_t>(r)];
+      if (!q) continue;
+      RequestParams a = resp.p, b = *q;
+      if (a.kind == OpKind::allgather) a.count = b.count = 0;  // allgather counts may differ
+      if (!(a == b)) {
+        resp.error = "tensor '" + e.name + "' mismatch: rank " + std::to_string(first) +
+                     " submitted " + resp.p.describe() + " but rank " + std::to_string(r) +
+                     " submitted " + q->describe();
+        return resp;
+      }
+    }
+    if (resp.p.kind == OpKind::broadcast && joined[static_cast<std::size_t>(resp.p.root)]) {
+      resp.error = "tensor '" + e.name + "': broadcast root " + std::to_string(resp.p.root) +
+                   " has joined and has no data to send";
+      return resp;
+    }
+    if (resp.p.kind == OpKind::allgather) {
+      for (int r = 0; r < n; ++r) {
+        const auto& q = e.by_rank[static_cast<std::size_t>(r)];
+        resp.counts.push_back(q ? static_cast<std::size_t>(q->count) : 0);
+      }
+    } else {
+      cache_insert(e.name, resp.p);
+    }
+    return resp;
+  }
+
+  void cache_insert(const std::string& name, const RequestParams& p) {
+    if (opts_.cache_capacity == 0 || cache_index_.count(name)) return;
+    std::size_t k = 0;
+    while (k < cache_.size() && cache_[k].used) ++k;
+    if (k == cache_.size()) {
+      if (cache_.size() >= opts_.cache_capacity) return;
+      cache_.emplace_back();
+      slot_pending_.push_back(0);
+      invalid_.push_back(0);
+    }
+    cache_[k] = CacheSlot{true, name, p};
+    cache_index_[name] = static_cast<int>(k);
+    // The request that just completed through the table is executed now, not via its slot.
+  }
+
+  std::vector<Response> hold_incomplete_groups(std::vector<Response> in) {
+    std::vector<Response> out;
+    for (auto& r : in) {
+      if (r.p.group.empty() || !r.error.empty()) {
+        out.push_back(std::move(r));
+        continue;
+      }
+      const std::string group = r.p.group;
+      auto& members = groups_[group];
+      held_names_.insert(r.name);
+      members.push_back(std::move(r));
+      if (members.size() == members.front().p.group_size) {
+        for (auto& m : members) {
+          held_names_.erase(m.name);
+          out.push_back(std::move(m));
+        }
+        groups_.erase(group);
+      }
+    }
+    return out;
+  }
+
+  // ---------------- execution ----------------
+
+  void execute(std::vector<Response>& responses) {
+    const auto now = clock::now();
+    for (auto& r : responses) {
+      auto it = pending_.find(r.name);
+      if (it != pending_.end()) {
+        it->second.ready = now;
+        if (timeline_.enabled()) {
+          timeline_.record(r.name, "NEGOTIATE", it->second.enqueued, now, r.p.dtype,
+                           r.p.count * dtype_size(r.p.dtype));
+        }
+      }
+      bump([&](EngineStats& s) { ++(r.cached ? s.cached_responses : s.uncached_responses); });
+    }
+    // Errors first: they need no collective.
+    for (auto& r : responses) {
+      if (r.error.empty()) continue;
+      complete(r.name, std::make_exception_ptr(MismatchError(r.error)));
+    }
+    std::vector<bool> done(responses.size(), false);
+    for (std::size_t i = 0; i < responses.size(); ++i) {
+      if (done[i] || !responses[i].error.empty()) continue;
+      const Response& r = responses[i];
+      if (r.p.kind == OpKind::allgather) {
+        run_allgather(r);
+        done[i] = true;
+      } else if (r.p.kind == OpKind::broadcast) {
+        run_broadcast(r);
+        done[i] = true;
+      } else {
+        // Fuse: look ahead for allreduces with the same dtype/op/scaling, up to the threshold;
+        // a group always travels whole.
+        std::vector<std::size_t> batch;
+        std::size_t bytes = 0;
+        for (std::size_t j = i; j < responses.size(); ++j) {
+          const Response& q = responses[j];
+          if (done[j] || !q.error.empty() || q.p.kind != OpKind::allreduce) continue;
+          if (q.p.dtype != r.p.dtype || q.p.op != r.p.op || q.p.prescale != r.p.prescale ||
+              q.p.postscale != r.p.postscale) {
+            continue;
+          }
+          const std::size_t b = q.p.count * dtype_size(q.p.dtype);
+          const bool same_group = !r.p.group.empty() && q.p.group == r.p.group;
+          if (j != i && !same_group && bytes + b > opts_.fusion_threshold) continue;
+          batch.push_back(j);
+          bytes += b;
+          done[j] = true;
+        }
+        run_allreduce(responses, batch, bytes);
+      }
+    }
+  }
+
+  // The local tensor for a response, or a zero tensor when this rank has joined.
+  TensorView local_input(const Response& r, std::vector<std::byte>& zeros) {
+    auto it = pending_.find(r.name);
+    if (it != pending_.end()) return it->second.in;
+    const std::size_t b = r.p.count * dtype_size(r.p.dtype);
+    zeros.assign(b, std::byte{0});
+    return TensorView(zeros.data(), r.p.count, r.p.dtype);
+  }
+
+  void run_allreduce(std::vector<Response>& responses, const std::vector<std::size_t>& batch,
+                     std::size_t bytes) {
+    const RequestParams& p = responses[batch.front()].p;
+    const int n = size();
+    const ReduceOp wire_op = p.op == ReduceOp::average ? ReduceOp::sum : p.op;
+    const int divisor = p.op == ReduceOp::average ? n : 1;
+    const auto tq = clock::now();
+    if (batch.size() == 1) {
+      // One tensor: reduce in the caller's output buffer, no fusion copies.
+      const Response& r = responses[batch.front()];
+      auto it = pending_.find(r.name);
+      std::vector<std::byte> zeros;
+      TensorView in = local_input(r, zeros);
+      TensorView out = it != pending_.end() ? it->second.out : in;
+      const auto ta = clock::now();
+      if (p.prescale != 1.0 || out.data != in.data) {
+        detail::scaled_copy(out.data, in.data, in.count, in.dtype, p.prescale);
+      }
+      if (p.postscale == 1.0) {
+        comm_.allreduce(out, p.op);  // the algorithm folds an average's division in
+      } else {
+        comm_.allreduce(out, wire_op);
+        detail::scaled_copy(out.data, out.data, out.count, out.dtype, p.postscale, divisor);
+      }
+      const auto tb = clock::now();
+      if (timeline_.enabled()) {
+        timeline_.record(r.name, "QUEUE", tq, ta, p.dtype, bytes);
+        timeline_.record(r.name, "ALLREDUCE", ta, tb, p.dtype, bytes);
+      }
+      complete(r.name, nullptr);
+      return;
+    }
+    std::byte* buf = fusion_.reserve(bytes);
+    (void)buf;
+    std::vector<std::size_t> offsets;
+    std::size_t off = 0;
+    std::vector<std::byte> zeros;
+    const auto t_pack = clock::now();
+    for (std::size_t j : batch) {
+      const Response& r = responses[j];
+      offsets.push_back(off);
+      fusion_.pack(off, local_input(r, zeros), p.prescale);
+      off += r.p.count * dtype_size(r.p.dtype);
+    }
+    const auto t_coll = clock::now();
+    comm_.allreduce(TensorView(fusion_.data(), bytes / dtype_size(p.dtype), p.dtype), wire_op);
+    const auto t_unpack = clock::now();
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      const Response& r = responses[batch[k]];
+      auto it = pending_.find(r.name);
+      if (it != pending_.end()) fusion_.unpack(offsets[k], it->second.out, p.postscale, divisor);
+    }
+    const auto t_end = clock::now();
+    bump([](EngineStats& s) { ++s.fused_collectives; });
+    for (std::size_t j : batch) {
+      const Response& r = responses[j];
+      if (timeline_.enabled()) {
+        const std::size_t b = r.p.count * dtype_size(r.p.dtype);
+        timeline_.record(r.name, "QUEUE", tq, t_pack, r.p.dtype, b);
+        timeline_.record(r.name, "PACK", t_pack, t_coll, r.p.dtype, b);
+        timeline_.record(r.name, "ALLREDUCE", t_coll, t_unpack, r.p.dtype, b);
+        timeline_.record(r.name, "UNPACK", t_unpack, t_end, r.p.dtype, b);
+      }
+      complete(r.name, nullptr);
+    }
+  }
+
+  void run_allgather(const Response& r) {
+    auto it = pending_.find(r.name);
+    std::size_t total = 0;
+    for (auto c : r.counts) total += c;
+    const std::size_t es = dtype_size(r.p.dtype);
+    std::vector<std::byte> owned(total * es);
+    TensorView in(nullptr, 0, r.p.dtype);
+    if (it != pending_.end()) in = it->second.in;
+    const auto ta = clock::now();
+    comm_.allgatherv(in, TensorView(owned.data(), total, r.p.dtype), r.counts);
+    if (timeline_.enabled())
+      timeline_.record(r.name, "ALLGATHER", ta, clock::now(), r.p.dtype, total * es);
+    if (it != pending_.end()) {
+      auto& h = *it->second.handle;
+      h.owned = std::move(owned);
+      h.counts = r.counts;
+      h.output = TensorView(h.owned.data(), total, r.p.dtype);
+      complete(r.name, nullptr);
+    }
+  }
+
+  void run_broadcast(const Response& r) {
+    auto it = pending_.find(r.name);
+    std::vector<std::byte> scratch;
+    TensorView buf = local_input(r, scratch);
+    const auto ta = clock::now();
+    comm_.broadcast(buf, r.p.root);
+    if (timeline_.enabled()) {
+      timeline_.record(r.name, "BROADCAST", ta, clock::now(), r.p.dtype,
+                       r.p.count * dtype_size(r.p.dtype));
+    }
+    if (it != pending_.end()) complete(r.name, nullptr);
+  }
+
+  void complete(const std::string& name, std::exception_ptr err) {
+    auto it = pending_.find(name);
+    if (it == pending_.end()) return;
+    auto h = it->second.handle;
+    if (it->second.cache_slot >= 0)
+      slot_pending_[static_cast<std::size_t>(it->second.cache_slot)] = 0;
+    pending_.erase(it);
+    h->finish(std::move(err));
+  }
+
+  // ---------------- stalls, shutdown, failure ----------------
+
+  void inspect_stalls(const std::vector<bool>& joined) {
+    if (opts_.stall_warning_seconds <= 0) return;
+    for (auto& e : table_) {
+      const double age = seconds_since(e.first_seen);
+      if (age >= opts_.stall_warning_seconds && !e.warned) {
+        e.warned = true;
+        std::fprintf(stderr, "[kolo] stall inspector: %s for %.0f s\n",
+                     stall_text(e, joined).c_str(), age);
+      }
+      if (opts_.stall_shutdown_seconds > 0 && age >= opts_.stall_shutdown_seconds) {
+        stall_shutdown_ = true;
+        std::lock_guard lock(mu_);
+        stall_reason_ = stall_text(e, joined);
+      }
+    }
+  }
+
+  std::string stall_text(const TableEntry& e, const std::vector<bool>& joined) const {
+    std::string have, missing;
+    for (std::size_t r = 0; r < e.by_rank.size(); ++r) {
+      std::string& s = e.by_rank[r] ? have : missing;
+      if (!e.by_rank[r] && joined[r]) continue;
+      s += (s.empty() ? "" : ", ") + std::to_string(r);
+    }
+    return "tensor '" + e.name + "' was submitted by rank(s) " + have + " but not by rank(s) " +
+           missing;
+  }
+
+  std::string shutdown_reason() {
+    std::string reason;
+    {
+      std::lock_guard lock(mu_);
+      reason = stall_reason_;
+    }
+    if (!reason.empty()) return "engine shut down by the stall inspector: " + reason;
+    // Every rank holds the same table: name what was still waiting.
+    std::string waiting;
+    for (const auto& e : table_) {
+      std::vector<bool> none(e.by_rank.size(), false);
+      waiting += "; " + stall_text(e, none);
+    }
+    return "engine shut down (a rank called shutdown or destroyed its engine)" + waiting;
+  }
+
+  void fail_pending(std::exception_ptr err) {
+    std::vector<std::pair<std::string, Local>> incoming;
+    std::vector<std::shared_ptr<detail::HandleState>> waiters;
+    {
+      std::lock_guard lock(mu_);
+      if (!dead_) dead_ = err;
+      incoming.swap(inbox_);
+      waiters.swap(join_waiters_);
+    }
+    for (auto& [name, l] : incoming) l.handle->finish(err);
+    for (auto& [name, l] : pending_) l.handle->finish(err);
+    pending_.clear();
+    for (auto& w : waiters) w->finish(err);
+  }
+
+  void fail_everything(std::exception_ptr err) { fail_pending(std::move(err)); }
+
+  static double seconds_since(clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+  }
+
+  template <class F>
+  void bump(F&& f) {
+    std::lock_guard lock(mu_);
+    f(stats_);
+  }
+
+  Communicator<T> comm_;
+  EngineOptions opts_;
+  Timeline timeline_;
+  FusionBuffer fusion_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<std::string, Local>> inbox_;
+  std::vector<std::shared_ptr<detail::HandleState>> join_waiters_;
+  bool shutdown_requested_ = false;
+  std::exception_ptr dead_;
+  EngineStats stats_;
+  std::string stall_reason_;
+
+  // Progress-thread state.
+  std::unordered_map<std::string, Local> pending_;
+  std::vector<std::string> to_send_;
+  std::vector<CacheSlot> cache_;
+  std::unordered_map<std::string, int> cache_index_;
+  std::vector<std::uint8_t> slot_pending_, invalid_;
+  std::vector<TableEntry> table_;
+  std::unordered_map<std::string, std::size_t> table_index_;
+  std::map<std::string, std::vector<Response>> groups_;
+  std::set<std::string> held_names_;
+  std::vector<std::uint8_t> flags_;
+  bool joined_ = false;
+  bool stall_shutdown_ = false;
+  std::thread thread_;
+};
+
+}  // namespace kolo

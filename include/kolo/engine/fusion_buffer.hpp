@@ -1,0 +1,76 @@
+// kolo/engine/fusion_buffer.hpp — packs many tensors into one buffer so that one collective
+// serves them all (Horovod's tensor fusion), and unpacks the result.
+//
+// Scaling is folded into the copies: pack multiplies by the prescale factor while copying in,
+// unpack by the postscale factor (and 1/size for an average) while copying out, so a fused
+// allreduce touches each byte exactly twice outside the collective: one read+write in, one
+// read+write out. The buffer is allocated once and reused across cycles (grown when needed).
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kolo/core/dtype.hpp"
+#include "kolo/core/float16.hpp"
+#include "kolo/core/tensor.hpp"
+
+namespace kolo {
+
+namespace detail {
+
+// dst[i] = src[i] * factor (factor == 1: a plain copy; integers: only 1 is allowed upstream,
+// except division by the rank count for averages, done with `divisor`).
+inline void scaled_copy(void* dst, const void* src, std::size_t count, DataType t, double factor,
+                        int divisor = 1) {
+  if (factor == 1.0 && divisor == 1) {
+    if (dst != src) std::memmove(dst, src, count * dtype_size(t));
+    return;
+  }
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* s = static_cast<const T*>(src);
+    T* d = static_cast<T*>(dst);
+    if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+      const float f = static_cast<float>(factor / divisor);
+      for (std::size_t i = 0; i < count; ++i) d[i] = T(static_cast<float>(s[i]) * f);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      const T f = static_cast<T>(factor / divisor);
+      for (std::size_t i = 0; i < count; ++i) d[i] = s[i] * f;
+    } else {  // integers: averages truncate toward zero, like the blocking allreduce
+      for (std::size_t i = 0; i < count; ++i) {
+        d[i] = static_cast<T>(static_cast<long long>(s[i]) / divisor);
+      }
+    }
+  });
+}
+
+}  // namespace detail
+
+class FusionBuffer {
+ public:
+  // Reserves room for `bytes`; keeps the allocation across cycles.
+  std::byte* reserve(std::size_t bytes) {
+    if (buf_.size() < bytes) buf_.resize(bytes);
+    return buf_.data();
+  }
+  std::size_t capacity() const { return buf_.size(); }
+
+  // Copies `src` (times `prescale`) into the buffer at byte `offset`.
+  void pack(std::size_t offset, const TensorView& src, double prescale) {
+    detail::scaled_copy(buf_.data() + offset, src.data, src.count, src.dtype, prescale);
+  }
+
+  // Copies the reduced elements at byte `offset` out to `dst`, times postscale / divisor.
+  void unpack(std::size_t offset, const TensorView& dst, double postscale, int divisor) {
+    detail::scaled_copy(dst.data, buf_.data() + offset, dst.count, dst.dtype, postscale, divisor);
+  }
+
+  std::byte* data() { return buf_.data(); }
+
+ private:
+  std::vector<std::byte> buf_;
+};
+
+}  // namespace kolo

@@ -1,0 +1,120 @@
+// kolo/engine/request.hpp — what a rank says about a named tensor during negotiation, and its
+// wire format (a length-prefixed byte string, gathered from every rank).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kolo/core/dtype.hpp"
+#include "kolo/core/error.hpp"
+
+namespace kolo {
+
+enum class OpKind : std::uint8_t { allreduce = 1, allgather = 2, broadcast = 3 };
+
+inline const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::allreduce:
+      return "allreduce";
+    case OpKind::allgather:
+      return "allgather";
+    case OpKind::broadcast:
+      return "broadcast";
+  }
+  return "unknown";
+}
+
+struct RequestParams {
+  OpKind kind = OpKind::allreduce;
+  DataType dtype = DataType::float32;
+  ReduceOp op = ReduceOp::sum;
+  std::int32_t root = -1;
+  std::uint64_t count = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::string group;  // grouped allreduce: members execute together, atomically
+  std::uint32_t group_size = 0;
+
+  friend bool operator==(const RequestParams&, const RequestParams&) = default;
+
+  std::string describe() const {
+    std::string s = std::string(op_kind_name(kind)) + "(" + std::to_string(count) + " x " +
+                    std::string(dtype_name(dtype));
+    if (kind == OpKind::allreduce) s += ", " + std::string(reduce_op_name(op));
+    if (kind == OpKind::broadcast) s += ", root " + std::to_string(root);
+    if (prescale != 1.0) s += ", prescale " + std::to_string(prescale);
+    if (postscale != 1.0) s += ", postscale " + std::to_string(postscale);
+    if (!group.empty()) s += ", group '" + group + "'";
+    return s + ")";
+  }
+};
+
+struct WireRequest {
+  std::string name;
+  RequestParams p;
+};
+
+namespace detail {
+
+template <class T>
+void put(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+inline void put_str(std::string& out, const std::string& s) {
+  put(out, static_cast<std::uint32_t>(s.size()));
+  out += s;
+}
+template <class T>
+T take(const std::string& in, std::size_t& pos) {
+  if (pos + sizeof(T) > in.size()) throw Error("engine: truncated negotiation message");
+  T v;
+  std::memcpy(&v, in.data() + pos, sizeof(T));
+  pos += sizeof(T);
+  return v;
+}
+inline std::string take_str(const std::string& in, std::size_t& pos) {
+  const auto n = take<std::uint32_t>(in, pos);
+  if (pos + n > in.size()) throw Error("engine: truncated negotiation message");
+  std::string s = in.substr(pos, n);
+  pos += n;
+  return s;
+}
+
+}  // namespace detail
+
+inline void serialize(std::string& out, const WireRequest& r) {
+  detail::put_str(out, r.name);
+  detail::put(out, static_cast<std::uint8_t>(r.p.kind));
+  detail::put(out, static_cast<std::uint8_t>(r.p.dtype));
+  detail::put(out, static_cast<std::uint8_t>(r.p.op));
+  detail::put(out, r.p.root);
+  detail::put(out, r.p.count);
+  detail::put(out, r.p.prescale);
+  detail::put(out, r.p.postscale);
+  detail::put_str(out, r.p.group);
+  detail::put(out, r.p.group_size);
+}
+
+inline std::vector<WireRequest> deserialize_requests(const std::string& in) {
+  std::vector<WireRequest> out;
+  std::size_t pos = 0;
+  while (pos < in.size()) {
+    WireRequest r;
+    r.name = detail::take_str(in, pos);
+    r.p.kind = static_cast<OpKind>(detail::take<std::uint8_t>(in, pos));
+    r.p.dtype = static_cast<DataType>(detail::take<std::uint8_t>(in, pos));
+    r.p.op = static_cast<ReduceOp>(detail::take<std::uint8_t>(in, pos));
+    r.p.root = detail::take<std::int32_t>(in, pos);
+    r.p.count = detail::take<std::uint64_t>(in, pos);
+    r.p.prescale = detail::take<double>(in, pos);
+    r.p.postscale = detail::take<double>(in, pos);
+    r.p.group = detail::take_str(in, pos);
+    r.p.group_size = detail::take<std::uint32_t>(in, pos);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace kolo

@@ -1,0 +1,354 @@
+// The engine under kolo-run: every rank runs these cases in the same order, each with a fresh
+// communicator and engine. Tensors are submitted in a different random order on every rank.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <kolo/engine/engine.hpp>
+#include <kolo/kolo.hpp>
+
+using kolo::DataType;
+using kolo::ReduceOp;
+using kolo::TensorView;
+
+namespace {
+
+kolo::Engine<> make_engine(kolo::EngineOptions opts = kolo::EngineOptions::from_env()) {
+  return kolo::Engine<>(kolo::Communicator<>::from_env(), opts);
+}
+
+// A tensor of any dtype, filled with small integers so every result is exact.
+struct Tensor {
+  DataType dtype;
+  std::vector<std::byte> data;
+  std::size_t count;
+  Tensor(DataType t, std::size_t n) : dtype(t), data(n * kolo::dtype_size(t)), count(n) {}
+  TensorView view() { return TensorView(data.data(), count, dtype); }
+  void fill(const std::function<double(std::size_t)>& f) {
+    kolo::visit_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      auto* p = reinterpret_cast<T*>(data.data());
+      for (std::size_t i = 0; i < count; ++i) {
+        if constexpr (std::is_same_v<T, kolo::float16> || std::is_same_v<T, kolo::bfloat16>) {
+          p[i] = T(static_cast<float>(f(i)));
+        } else {
+          p[i] = static_cast<T>(f(i));
+        }
+      }
+    });
+  }
+  double at(std::size_t i) const {
+    return kolo::visit_dtype(dtype, [&](auto tag) -> double {
+      using T = decltype(tag);
+      const auto* p = reinterpret_cast<const T*>(data.data());
+      if constexpr (std::is_same_v<T, kolo::float16> || std::is_same_v<T, kolo::bfloat16>) {
+        return static_cast<double>(static_cast<float>(p[i]));
+      } else {
+        return static_cast<double>(p[i]);
+      }
+    });
+  }
+};
+
+const DataType kTypes[] = {DataType::float32, DataType::float64,  DataType::int32,
+                           DataType::float16, DataType::bfloat16, DataType::int64,
+                           DataType::int8,    DataType::uint8};
+const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::average, ReduceOp::min, ReduceOp::max,
+                         ReduceOp::product};
+
+double value(ReduceOp op, int rank, std::size_t tensor, std::size_t i) {
+  if (op == ReduceOp::product) return ((rank + tensor + i) % 3 == 0) ? 2 : 1;
+  return static_cast<double>((rank * 3 + tensor * 5 + i * 7) % 9);
+}
+
+double expect(ReduceOp op, int n, std::size_t tensor, std::size_t i, DataType t,
+              const std::vector<int>& active) {
+  double acc = op == ReduceOp::product
+                   ? 1
+                   : (op == ReduceOp::min ? 1e300 : (op == ReduceOp::max ? -1e300 : 0));
+  for (int r : active) {
+    const double v = value(op, r, tensor, i);
+    if (op == ReduceOp::sum || op == ReduceOp::average) acc += v;
+    if (op == ReduceOp::product) acc *= v;
+    if (op == ReduceOp::min) acc = std::min(acc, v);
+    if (op == ReduceOp::max) acc = std::max(acc, v);
+  }
+  if (op == ReduceOp::average) {
+    if (kolo::dtype_is_floating(t)) return acc / n;
+    return static_cast<double>(static_cast<long long>(acc) / n);
+  }
+  return acc;
+}
+
+bool near(double got, double want, DataType t, ReduceOp op) {
+  if (op != ReduceOp::average || !kolo::dtype_is_floating(t)) return got == want;
+  const double tol = t == DataType::float16 ? 1e-3 : t == DataType::bfloat16 ? 8e-3 : 1e-6;
+  return std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want));
+}
+
+std::vector<int> all_ranks(int n) {
+  std::vector<int> v(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("engine: 1 to 500 tensors of mixed dtypes, ops and sizes in random per-rank order") {
+  auto engine = make_engine();
+  const int n = engine.size(), r = engine.rank();
+  std::mt19937 rng(1234u + static_cast<unsigned>(r));
+  for (std::size_t k : {1u, 7u, 64u, 500u}) {
+    for (int step = 0; step < 3; ++step) {  // step 0 negotiates, later steps hit the cache
+      std::vector<Tensor> ts;
+      std::vector<ReduceOp> ops;
+      for (std::size_t i = 0; i < k; ++i) {
+        const DataType t = kTypes[i % 8];
+        const std::size_t count = (i * 131) % 2000 + (i % 5 == 0 ? 0 : 1);
+        const ReduceOp op = kOps[(i / 8) % 5];
+        ts.emplace_back(t, count);
+        ts.back().fill([&](std::size_t e) { return value(op, r, i, e); });
+        ops.push_back(op);
+      }
+      std::vector<std::size_t> order(k);
+      for (std::size_t i = 0; i < k; ++i) order[i] = i;
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<kolo::Handle> hs(k);
+      for (std::size_t i : order) {
+        hs[i] = engine.allreduce_async("k" + std::to_string(k) + "/t" + std::to_string(i),
+                                       ts[i].view(), ops[i]);
+      }
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < k; ++i) {
+        hs[i].wait();
+        for (std::size_t e = 0; e < ts[i].count; ++e) {
+          wrong += !near(ts[i].at(e), expect(ops[i], n, i, e, ts[i].dtype, all_ranks(n)),
+                         ts[i].dtype, ops[i]);
+        }
+      }
+      CHECK_MESSAGE(wrong == 0, "k=" << k << " step=" << step);
+    }
+  }
+  const auto s = engine.stats();
+  CHECK(s.cached_responses > 0);   // later steps used the response cache
+  CHECK(s.fused_collectives > 0);  // and fusion
+}
+
+TEST_CASE("engine: prescale, postscale, out-of-place output, grouped allreduce") {
+  auto engine = make_engine();
+  const int n = engine.size(), r = engine.rank();
+  std::vector<float> in(1000, static_cast<float>(r + 1)), out(1000, -1);
+  auto h = engine.allreduce_async("scaled", TensorView(std::span<float>(in)), ReduceOp::sum, 2.0,
+                                  0.5, TensorView(std::span<float>(out)));
+  h.wait();
+  for (float v : out) CHECK(v == static_cast<float>(n * (n + 1) / 2));
+  for (float v : in) CHECK(v == static_cast<float>(r + 1));  // input untouched
+
+  std::vector<std::vector<double>> g(5);
+  std::vector<std::pair<std::string, TensorView>> members;
+  for (int i = 0; i < 5; ++i) {
+    g[static_cast<std::size_t>(i)].assign(static_cast<std::size_t>(10 * (i + 1)), r * 10.0 + i);
+    members.emplace_back("g" + std::to_string(i),
+                         TensorView(std::span<double>(g[static_cast<std::size_t>(i)])));
+  }
+  auto hs = engine.grouped_allreduce_async("grads", members, ReduceOp::average);
+  for (auto& x : hs) x.wait();
+  for (int i = 0; i < 5; ++i) {
+    for (double v : g[static_cast<std::size_t>(i)])
+      CHECK(v == doctest::Approx(10.0 * (n - 1) / 2.0 + i));
+  }
+}
+
+TEST_CASE("engine: allgather with different counts and broadcast from every root") {
+  auto engine = make_engine();
+  const int n = engine.size(), r = engine.rank();
+  for (int step = 0; step < 2; ++step) {
+    std::vector<std::int32_t> mine(static_cast<std::size_t>(r + step), 100 * r);
+    auto h = engine.allgather_async("gather", TensorView(std::span<std::int32_t>(mine)));
+    auto outv = h.output();
+    std::size_t pos = 0;
+    for (int q = 0; q < n; ++q) {
+      CHECK(h.counts()[static_cast<std::size_t>(q)] == static_cast<std::size_t>(q + step));
+      for (int e = 0; e < q + step; ++e) {
+        CHECK(static_cast<std::int32_t*>(outv.data)[pos++] == 100 * q);
+      }
+    }
+    CHECK(pos == outv.count);
+  }
+  for (int root = 0; root < n; ++root) {
+    std::vector<float> b(77, r == root ? 3.5f + root : 0.0f);
+    engine.broadcast_async("bcast" + std::to_string(root), TensorView(std::span<float>(b)), root)
+        .wait();
+    for (float v : b) CHECK(v == 3.5f + root);
+  }
+}
+
+TEST_CASE("engine: mismatched dtype or count is an error on every rank, naming both") {
+  auto engine = make_engine();
+  const int r = engine.rank();
+  std::vector<float> f(100, 1);
+  std::vector<std::int32_t> i32(100, 1);
+  auto h = r == 1 ? engine.allreduce_async("mixed", TensorView(std::span<std::int32_t>(i32)))
+                  : engine.allreduce_async("mixed", TensorView(std::span<float>(f)));
+  if (engine.size() > 1) {
+    CHECK_THROWS_AS(h.wait(), kolo::MismatchError);
+    try {
+      h.wait();
+    } catch (const kolo::MismatchError& e) {
+      const std::string m = e.what();
+      CHECK(m.find("mixed") != std::string::npos);
+      CHECK(m.find("int32") != std::string::npos);
+      CHECK(m.find("float32") != std::string::npos);
+    }
+  }
+  std::vector<float> c(static_cast<std::size_t>(r == 0 ? 10 : 11), 1);
+  auto h2 = engine.allreduce_async("counts", TensorView(std::span<float>(c)));
+  if (engine.size() > 1) CHECK_THROWS_AS(h2.wait(), kolo::MismatchError);
+  // The engine keeps working after a mismatch: it is a per-tensor error.
+  std::vector<float> ok(5, 1);
+  engine.allreduce_async("after", TensorView(std::span<float>(ok))).wait();
+  CHECK(ok[0] == static_cast<float>(engine.size()));
+}
+
+TEST_CASE("engine: a duplicate name in flight is an error for that handle") {
+  auto engine = make_engine();
+  std::vector<float> a(10, 1), b(10, 1);
+  // Submit the same name twice before the engine can finish it: the second is refused.
+  auto h1 = engine.allreduce_async("dup", TensorView(std::span<float>(a)));
+  auto h2 = engine.allreduce_async("dup", TensorView(std::span<float>(b)));
+  bool second_failed = false;
+  try {
+    h2.wait();
+  } catch (const kolo::Error& e) {
+    second_failed = std::string(e.what()).find("already in flight") != std::string::npos;
+  }
+  h1.wait();
+  // Either the engine finished h1 before it saw h2 (then h2 was a legal second round that
+  // nobody else submits) or it refused h2: only the refusal is a valid outcome here, because
+  // both were enqueued back to back before any cycle could complete h1 on all ranks.
+  CHECK(second_failed);
+  CHECK(a[0] == static_cast<float>(engine.size()));
+}
+
+TEST_CASE("engine: join with ranks that stop after different numbers of steps") {
+  auto engine = make_engine();
+  const int n = engine.size(), r = engine.rank();
+  const int my_steps = 2 + r;  // rank r runs 2 + r steps, then joins
+  for (int step = 0; step < my_steps; ++step) {
+    std::vector<float> v(257, static_cast<float>(r + 1));
+    engine.allreduce_async("grad", TensorView(std::span<float>(v)), ReduceOp::sum).wait();
+    // Ranks with more than `step` steps contribute; joined ones add zeros.
+    float want = 0;
+    for (int q = 0; q < n; ++q) {
+      if (2 + q > step) want += static_cast<float>(q + 1);
+    }
+    CHECK(v[0] == want);
+    CHECK(v[256] == want);
+  }
+  engine.join();
+  // After everyone joined, the engine works normally again.
+  std::vector<float> v(3, 1);
+  engine.allreduce_async("after-join", TensorView(std::span<float>(v))).wait();
+  CHECK(v[0] == static_cast<float>(n));
+}
+
+TEST_CASE("engine: timeline is valid Chrome-trace JSON with the expected events") {
+  const std::string path = "/tmp/kolo-timeline-" + std::to_string(::getppid()) + ".json";
+  kolo::EngineOptions opts = kolo::EngineOptions::from_env();
+  opts.timeline = path;
+  {
+    auto engine = make_engine(opts);
+    std::vector<std::vector<float>> ts(6, std::vector<float>(100, 1));
+    std::vector<kolo::Handle> hs;
+    for (int i = 0; i < 6; ++i) {
+      hs.push_back(
+          engine.allreduce_async("layer" + std::to_string(i),
+                                 TensorView(std::span<float>(ts[static_cast<std::size_t>(i)]))));
+    }
+    for (auto& h : hs) h.wait();
+    std::vector<float> b(10, 2);
+    engine.broadcast_async("weights", TensorView(std::span<float>(b)), 0).wait();
+    engine.communicator().rank();
+  }  // shutdown closes the file
+  if (kolo::Topology::from_env().rank == 0) {
+    const std::string cmd =
+        "python3 -c \"import json,sys; ev=json.load(open('" + path +
+        "')); names={e['name'] for e in ev}; "
+        "need={'NEGOTIATE','ALLREDUCE','BROADCAST'}; "
+        "assert need<=names, names; "
+        "assert any(e.get('args',{}).get('tensor')=='layer3' for e in ev); "
+        "assert all('dtype' in e['args'] and 'bytes' in e['args'] for e in ev if e['ph']=='X')\"";
+    CHECK(std::system(cmd.c_str()) == 0);
+    std::remove(path.c_str());
+  }
+}
+
+TEST_CASE("engine: a name some ranks never submit is reported by the stall inspector") {
+  kolo::EngineOptions opts = kolo::EngineOptions::from_env();
+  opts.stall_warning_seconds = 0.3;
+  opts.stall_shutdown_seconds = 1.5;
+  const int n = kolo::Topology::from_env().size;
+  if (n < 2) return;
+  // Rank 0 captures its stderr to read the inspector's warning.
+  const std::string log = "/tmp/kolo-stall-" + std::to_string(::getppid()) + ".log";
+  const bool rank0 = kolo::Topology::from_env().rank == 0;
+  int saved = -1;
+  if (rank0) {
+    std::fflush(stderr);
+    saved = ::dup(2);
+    const int fd = ::open(log.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    ::dup2(fd, 2);
+    ::close(fd);
+  }
+  std::string error_text;
+  {
+    auto engine = make_engine(opts);
+    std::vector<float> v(10, 1);
+    kolo::Handle h;
+    if (engine.rank() != n - 1)
+      h = engine.allreduce_async("lonely", TensorView(std::span<float>(v)));
+    if (h.valid()) {
+      try {
+        h.wait();
+      } catch (const kolo::Error& e) {
+        error_text = e.what();
+      }
+    } else {
+      // The last rank has nothing pending; its engine is shut down with the reason too.
+      for (int i = 0; i < 100 && error_text.empty(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        try {
+          engine.allreduce_async("probe" + std::to_string(i), TensorView(std::span<float>(v)));
+        } catch (const kolo::Error& e) {
+          error_text = e.what();
+        }
+      }
+    }
+  }
+  if (rank0) {
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    std::ifstream f(log);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string text = ss.str();
+    CHECK(text.find("stall inspector") != std::string::npos);
+    CHECK(text.find("lonely") != std::string::npos);
+    CHECK(text.find("not by rank(s) " + std::to_string(n - 1)) != std::string::npos);
+    std::remove(log.c_str());
+  }
+  CHECK_MESSAGE(error_text.find("lonely") != std::string::npos, error_text);
+  CHECK_MESSAGE(error_text.find(std::to_string(n - 1)) != std::string::npos, error_text);
+}
