@@ -272,9 +272,7 @@ class Engine {
         if (r == CycleResult::stop) break;
         busy = r == CycleResult::progress;
       }
-    } catch (const Error& e) {
-      fail_everything(std::make_exception_ptr(e));
-    } catch (...) {
+    } catch (...) {  // current_exception keeps the dynamic type (PeerLostError, ...)
       fail_everything(std::current_exception());
     }
   }
