@@ -866,6 +866,27 @@ class Job {
   }
 
   void reap() {
+    // Ranks reaped in one pass died at about the same time, and waitpid's order says nothing
+    // about which came first. A rank killed by a signal is the likely cause (the others usually
+    // exit reporting its loss), so within a pass it is the one whose code kolo-run returns.
+    struct Failure {
+      int code;
+      int rank;
+      bool by_signal;
+    };
+    std::vector<Failure> failures;
+    reap_pass(failures);
+    if (failures.empty() || first_failure_) return;
+    auto pick = std::find_if(failures.begin(), failures.end(),
+                             [](const Failure& f) { return f.by_signal; });
+    if (pick == failures.end()) pick = failures.begin();
+    first_failure_ = pick->code;
+    failed_rank_ = pick->rank;
+    begin_grace();
+  }
+
+  template <class Failures>
+  void reap_pass(Failures& failures) {
     for (;;) {
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
@@ -889,11 +910,7 @@ class Job {
       }
       if (code == 0 || r.signalled) continue;  // success, or the death kolo-run asked for
       say("rank " + std::to_string(r.index) + " " + how);
-      if (!first_failure_) {
-        first_failure_ = code;
-        failed_rank_ = r.index;
-        begin_grace();
-      }
+      failures.push_back({code, r.index, WIFSIGNALED(status) != 0});
     }
   }
 
