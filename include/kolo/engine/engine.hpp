@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "kolo/communicator.hpp"
+#include "kolo/compression/compressor.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/core/tensor.hpp"
@@ -60,6 +61,7 @@ struct EngineOptions {
   double stall_shutdown_seconds = 0.0;          // KOLO_STALL_SHUTDOWN_SECONDS (0: never)
   std::size_t cache_capacity = 1024;            // KOLO_CACHE_CAPACITY (0 disables the cache)
   std::string timeline;                         // KOLO_TIMELINE
+  CompressionPolicy compression;                // KOLO_COMPRESSION: float32 sum/average only
 
   static EngineOptions from_env(const EnvLookup& env = process_env()) {
     EngineOptions o;
@@ -77,6 +79,7 @@ struct EngineOptions {
       o.cache_capacity = static_cast<std::size_t>(*v);
     }
     if (auto v = env("KOLO_TIMELINE"); v && !v->empty()) o.timeline = *v;
+    o.compression = CompressionPolicy::from_env(env);
     return o;
   }
 };
@@ -616,6 +619,11 @@ class Engine {
     const ReduceOp wire_op = p.op == ReduceOp::average ? ReduceOp::sum : p.op;
     const int divisor = p.op == ReduceOp::average ? n : 1;
     const auto tq = clock::now();
+    if (opts_.compression.enabled() && p.dtype == DataType::float32 &&
+        (p.op == ReduceOp::sum || p.op == ReduceOp::average)) {
+      run_compressed_allreduce(responses, batch, divisor, tq);
+      return;
+    }
     if (batch.size() == 1) {
       // One tensor: reduce in the caller's output buffer, no fusion copies.
       const Response& r = responses[batch.front()];
@@ -671,6 +679,56 @@ class Engine {
         timeline_.record(r.name, "PACK", t_pack, t_coll, r.p.dtype, b);
         timeline_.record(r.name, "ALLREDUCE", t_coll, t_unpack, r.p.dtype, b);
         timeline_.record(r.name, "UNPACK", t_unpack, t_end, r.p.dtype, b);
+      }
+      complete(r.name, nullptr);
+    }
+  }
+
+  // Float32 gradients on a 16-bit wire: compress while packing (with the prescale), reduce on
+  // the wire type (each step widens to fp32, adds, rounds once), decompress while unpacking
+  // (with the postscale and an average's 1/size).
+  void run_compressed_allreduce(std::vector<Response>& responses,
+                                const std::vector<std::size_t>& batch, int divisor,
+                                clock::time_point tq) {
+    const RequestParams& p = responses[batch.front()].p;
+    const CompressionPolicy& c = opts_.compression;
+    const std::size_t wes = dtype_size(c.wire);
+    std::size_t total = 0;
+    for (std::size_t j : batch) total += responses[j].p.count;
+    fusion_.reserve(total * wes);
+    std::vector<std::size_t> offsets;
+    std::vector<std::byte> zeros;
+    const auto t_pack = clock::now();
+    std::size_t off = 0;
+    for (std::size_t j : batch) {
+      const Response& r = responses[j];
+      offsets.push_back(off);
+      const TensorView in = local_input(r, zeros);
+      c.compress(static_cast<const float*>(in.data), fusion_.data() + off, in.count,
+                 static_cast<float>(p.prescale));
+      off += r.p.count * wes;
+    }
+    const auto t_coll = clock::now();
+    comm_.allreduce(TensorView(fusion_.data(), total, c.wire), ReduceOp::sum);
+    const auto t_unpack = clock::now();
+    const float post = static_cast<float>(p.postscale / divisor);
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      const Response& r = responses[batch[k]];
+      auto it = pending_.find(r.name);
+      if (it == pending_.end()) continue;
+      c.decompress(fusion_.data() + offsets[k], static_cast<float*>(it->second.out.data),
+                   it->second.out.count, post);
+    }
+    const auto t_end = clock::now();
+    bump([](EngineStats& s) { ++s.fused_collectives; });
+    for (std::size_t j : batch) {
+      const Response& r = responses[j];
+      if (timeline_.enabled()) {
+        const std::size_t b = r.p.count * wes;
+        timeline_.record(r.name, "QUEUE", tq, t_pack, c.wire, b);
+        timeline_.record(r.name, "PACK_COMPRESS", t_pack, t_coll, c.wire, b);
+        timeline_.record(r.name, "ALLREDUCE", t_coll, t_unpack, c.wire, b);
+        timeline_.record(r.name, "UNPACK_DECOMPRESS", t_unpack, t_end, c.wire, b);
       }
       complete(r.name, nullptr);
     }
