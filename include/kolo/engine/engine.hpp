@@ -225,6 +225,7 @@ class Engine {
     std::vector<std::size_t> counts;  // allgather
     std::string error;                // non-empty: a mismatch, delivered to the handle
     bool cached = false;
+    Local* local = nullptr;  // this rank's request (nullptr: joined, contributes zeros)
   };
 
   Handle enqueue(std::string name, TensorView in, TensorView out, const RequestParams& p) {
@@ -553,17 +554,24 @@ class Engine {
 
   void execute(std::vector<Response>& responses) {
     const auto now = clock::now();
+    std::uint64_t cached = 0;
     for (auto& r : responses) {
+      // One lookup per response: node pointers of an unordered_map stay valid until erased.
       auto it = pending_.find(r.name);
       if (it != pending_.end()) {
+        r.local = &it->second;
         it->second.ready = now;
         if (timeline_.enabled()) {
           timeline_.record(r.name, "NEGOTIATE", it->second.enqueued, now, r.p.dtype,
                            r.p.count * dtype_size(r.p.dtype));
         }
       }
-      bump([&](EngineStats& s) { ++(r.cached ? s.cached_responses : s.uncached_responses); });
+      cached += r.cached ? 1 : 0;
     }
+    bump([&](EngineStats& s) {
+      s.cached_responses += cached;
+      s.uncached_responses += responses.size() - cached;
+    });
     // Errors first: they need no collective.
     for (auto& r : responses) {
       if (r.error.empty()) continue;
@@ -605,8 +613,7 @@ class Engine {
 
   // The local tensor for a response, or a zero tensor when this rank has joined.
   TensorView local_input(const Response& r, std::vector<std::byte>& zeros) {
-    auto it = pending_.find(r.name);
-    if (it != pending_.end()) return it->second.in;
+    if (r.local) return r.local->in;
     const std::size_t b = r.p.count * dtype_size(r.p.dtype);
     zeros.assign(b, std::byte{0});
     return TensorView(zeros.data(), r.p.count, r.p.dtype);
@@ -627,10 +634,9 @@ class Engine {
     if (batch.size() == 1) {
       // One tensor: reduce in the caller's output buffer, no fusion copies.
       const Response& r = responses[batch.front()];
-      auto it = pending_.find(r.name);
       std::vector<std::byte> zeros;
       TensorView in = local_input(r, zeros);
-      TensorView out = it != pending_.end() ? it->second.out : in;
+      TensorView out = r.local ? r.local->out : in;
       const auto ta = clock::now();
       if (p.prescale != 1.0 || out.data != in.data) {
         detail::scaled_copy(out.data, in.data, in.count, in.dtype, p.prescale);
@@ -646,7 +652,7 @@ class Engine {
         timeline_.record(r.name, "QUEUE", tq, ta, p.dtype, bytes);
         timeline_.record(r.name, "ALLREDUCE", ta, tb, p.dtype, bytes);
       }
-      complete(r.name, nullptr);
+      complete(r, nullptr);
       return;
     }
     std::byte* buf = fusion_.reserve(bytes);
@@ -666,8 +672,7 @@ class Engine {
     const auto t_unpack = clock::now();
     for (std::size_t k = 0; k < batch.size(); ++k) {
       const Response& r = responses[batch[k]];
-      auto it = pending_.find(r.name);
-      if (it != pending_.end()) fusion_.unpack(offsets[k], it->second.out, p.postscale, divisor);
+      if (r.local) fusion_.unpack(offsets[k], r.local->out, p.postscale, divisor);
     }
     const auto t_end = clock::now();
     bump([](EngineStats& s) { ++s.fused_collectives; });
@@ -680,7 +685,7 @@ class Engine {
         timeline_.record(r.name, "ALLREDUCE", t_coll, t_unpack, r.p.dtype, b);
         timeline_.record(r.name, "UNPACK", t_unpack, t_end, r.p.dtype, b);
       }
-      complete(r.name, nullptr);
+      complete(r, nullptr);
     }
   }
 
@@ -714,10 +719,9 @@ class Engine {
     const float post = static_cast<float>(p.postscale / divisor);
     for (std::size_t k = 0; k < batch.size(); ++k) {
       const Response& r = responses[batch[k]];
-      auto it = pending_.find(r.name);
-      if (it == pending_.end()) continue;
-      c.decompress(fusion_.data() + offsets[k], static_cast<float*>(it->second.out.data),
-                   it->second.out.count, post);
+      if (!r.local) continue;
+      c.decompress(fusion_.data() + offsets[k], static_cast<float*>(r.local->out.data),
+                   r.local->out.count, post);
     }
     const auto t_end = clock::now();
     bump([](EngineStats& s) { ++s.fused_collectives; });
@@ -730,7 +734,7 @@ class Engine {
         timeline_.record(r.name, "ALLREDUCE", t_coll, t_unpack, c.wire, b);
         timeline_.record(r.name, "UNPACK_DECOMPRESS", t_unpack, t_end, c.wire, b);
       }
-      complete(r.name, nullptr);
+      complete(r, nullptr);
     }
   }
 
@@ -766,6 +770,14 @@ class Engine {
                        r.p.count * dtype_size(r.p.dtype));
     }
     if (it != pending_.end()) complete(r.name, nullptr);
+  }
+
+  void complete(const Response& r, std::exception_ptr err) {
+    if (!r.local) return;
+    auto h = r.local->handle;
+    if (r.local->cache_slot >= 0) slot_pending_[static_cast<std::size_t>(r.local->cache_slot)] = 0;
+    pending_.erase(r.name);
+    h->finish(std::move(err));
   }
 
   void complete(const std::string& name, std::exception_ptr err) {
