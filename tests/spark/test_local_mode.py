@@ -1,0 +1,140 @@
+"""local_mode=True: the ranks run as subprocesses of the driver (no Spark job), through the same
+environment contract and process handling as the barrier tasks."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+import kolo_spark
+from conftest import DEMO_LINE, kill_leftovers, process_gone, read_pids, wait_gone
+
+ENV = {"KOLO_TIMEOUT_SECONDS": "60"}
+
+
+def test_demo_exact_on_every_rank(demo_bin):
+    environ_before = dict(os.environ)
+    result = kolo_spark.run(None, 4, demo_bin, ["4099"], env=ENV, local_mode=True, echo=False,
+                            collect_output="all")
+    assert os.environ == environ_before
+    assert result.exit_codes == [0, 0, 0, 0]
+    for r, rank in enumerate(result.ranks):
+        m = re.search(DEMO_LINE, rank.output)
+        assert m, rank.output
+        assert [int(x) for x in m.groups()[:6]] == [r, 4, r, 4, 0, 1]
+        assert "correct" in m.group(7) and "expected 10" in m.group(7)
+        assert (rank.local_rank, rank.local_size, rank.cross_rank, rank.cross_size) == (r, 4, 0, 1)
+    assert result.output == result.ranks[0].output
+
+
+def test_rank_exit_3_raises_and_leaves_nothing(demo_bin, tmp_path):
+    script = (f'echo $$ > {tmp_path}/pid.$KOLO_RANK; '
+              'if [ "$KOLO_RANK" = 1 ]; then echo "rank 1 gives up"; exit 3; fi; '
+              'exec "$0" "$@"')
+    t0 = time.monotonic()
+    with pytest.raises(kolo_spark.RankFailedError) as caught:
+        kolo_spark.run(None, 3, ["sh", "-c", script, demo_bin], ["1000"], env=ENV,
+                       local_mode=True, echo=False, kill_grace=1.0)
+    err = caught.value
+    assert (err.rank, err.exit_code, err.reason) == (1, 3, "exit")
+    assert "rank 1 exited with code 3" in str(err) and "rank 1 gives up" in str(err)
+    assert time.monotonic() - t0 < 30
+    pids = read_pids(tmp_path, 3)
+    assert sorted(pids) == [0, 1, 2]
+    left = wait_gone(pids.values(), 0.5)
+    kill_leftovers(left)
+    assert left == []
+
+
+def test_timeout_kills_the_ranks(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(kolo_spark.RankFailedError, match=r"timed out \(timeout=1s\)") as caught:
+        kolo_spark.run(None, 2, ["sh", "-c", f"echo $$ > {tmp_path}/pid.$KOLO_RANK; exec sleep 60"],
+                       local_mode=True, echo=False, timeout=1, kill_grace=0.5)
+    assert caught.value.reason == "timeout"
+    assert time.monotonic() - t0 < 10
+    assert wait_gone(read_pids(tmp_path, 2).values(), 0.5) == []
+
+
+def test_helpers_of_a_rank_die_with_its_process_group(tmp_path):
+    # The rank exits at once but leaves a helper behind in its process group.
+    script = f"sleep 60 & echo $! > {tmp_path}/pid.$KOLO_RANK; exit 0"
+    result = kolo_spark.run(None, 2, ["sh", "-c", script], local_mode=True, echo=False)
+    assert result.exit_codes == [0, 0]
+    pids = read_pids(tmp_path, 2)
+    left = wait_gone(pids.values(), 2.0)
+    kill_leftovers(left)
+    assert left == []
+
+
+def test_rank_dies_with_its_parent(tmp_path):
+    # PR_SET_PDEATHSIG: SIGKILL the Python process that started a rank (as Spark kills a Python
+    # worker) and the rank goes too, although no finally ran.
+    code = ("import os, sys, time\n"
+            f"sys.path.insert(0, {os.path.dirname(kolo_spark.__path__[0])!r})\n"
+            "from kolo_spark.process import NativeProcess\n"
+            "p = NativeProcess(['sleep', '60'], dict(os.environ), echo=False).start()\n"
+            "print(p.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert not process_gone(child)
+        assert os.getpgid(child) == child  # its own process group
+        parent.kill()
+        parent.wait()
+        left = wait_gone([child], 3.0)
+        kill_leftovers(left)
+        assert left == []
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_gpus_split_among_ranks():
+    result = kolo_spark.run(None, 2, ["sh", "-c", 'echo "devices=$KOLO_DEVICES"'], local_mode=True,
+                            echo=False, collect_output="all", local_gpus=[0, 1, 2, 3])
+    assert [r.devices for r in result.ranks] == [("0", "1"), ("2", "3")]
+    assert [r.output for r in result.ranks] == ["devices=0,1", "devices=2,3"]
+    with pytest.raises(kolo_spark.ConfigurationError, match="every rank needs at least one"):
+        kolo_spark.run(None, 3, "true", local_mode=True, local_gpus=[0, 1])
+
+
+def test_contract_seen_by_the_program():
+    shown = "KOLO_RANK KOLO_SIZE KOLO_LOCAL_RANK KOLO_LOCAL_SIZE KOLO_CROSS_RANK KOLO_CROSS_SIZE " \
+            "KOLO_PEERS KOLO_LISTEN_FD KOLO_HOST_KEY"
+    script = "; ".join(f'echo "{v}=${v}"' for v in shown.split()) + \
+        '; echo "secret=$KOLO_SECRET"; ' \
+        'if [ -S /proc/self/fd/$KOLO_LISTEN_FD ]; then echo listen_is_socket=yes; fi'
+    result = kolo_spark.run(None, 2, ["bash", "-c", script], local_mode=True, echo=False,
+                            collect_output="all", tail_lines=50)
+    again = kolo_spark.run(None, 2, ["bash", "-c", script], local_mode=True, echo=False,
+                           collect_output="all", tail_lines=50)
+    secrets = {line for r in result.ranks for line in r.output.splitlines()
+               if line.startswith("secret=")}
+    assert len(secrets) == 1  # one job secret, the same on every rank
+    assert re.fullmatch(r"secret=[0-9a-f]{64}", secrets.pop())
+    assert not ({line for line in again.ranks[0].output.splitlines() if line.startswith("secret=")}
+                & {line for line in result.ranks[0].output.splitlines()})  # fresh per run
+    for r, rank in enumerate(result.ranks):
+        env = dict(line.split("=", 1) for line in rank.output.splitlines() if "=" in line)
+        assert env["KOLO_RANK"] == str(r) and env["KOLO_SIZE"] == "2"
+        assert env["KOLO_LOCAL_RANK"] == str(r) and env["KOLO_LOCAL_SIZE"] == "2"
+        assert env["KOLO_CROSS_RANK"] == "0" and env["KOLO_CROSS_SIZE"] == "1"
+        assert env["KOLO_PEERS"] == ",".join(f"127.0.0.1:{x.port}" for x in result.ranks)
+        assert env.get("listen_is_socket") == "yes"  # inherited, open, a socket
+
+
+def test_bad_calls_fail_before_anything_runs():
+    with pytest.raises(kolo_spark.ConfigurationError, match="KOLO_RANK"):
+        kolo_spark.run(None, 2, "true", env={"KOLO_RANK": "0"}, local_mode=True)
+    with pytest.raises(kolo_spark.ConfigurationError, match="num_proc=0"):
+        kolo_spark.run(None, 0, "true", local_mode=True)
+    with pytest.raises(kolo_spark.ConfigurationError, match="spark is None"):
+        kolo_spark.run(None, 2, "true")
+    with pytest.raises(kolo_spark.RankFailedError, match="could not be started") as caught:
+        kolo_spark.run(None, 2, "/nonexistent/kolo-program", local_mode=True)
+    assert caught.value.reason == "start"
