@@ -4,7 +4,7 @@
 #
 #   install_deps PACKAGE...     (defaults to everything the build and the tests use)
 KOLO_ALL_PACKAGES=(cmake ninja-build g++ libssl-dev doctest-dev libopenmpi-dev openmpi-bin libgloo-dev
-  libbenchmark-dev iproute2 clang-format)
+  libbenchmark-dev iproute2 clang-format clang libclang-rt-dev)
 
 install_deps() {
   local packages=("$@")

@@ -5,7 +5,11 @@
 #
 # Knobs (environment): CI_JOBS (default 2: CI machines have 2 cores and tests run 8 ranks),
 # CI_BUILD_DIR (default build-ci), CI_BUILD_TYPE (default Release), KOLO_TIMEOUT_SECONDS
-# (default 30), CI_CTEST_ARGS (extra ctest arguments, e.g. "-L package" or "-E mp/").
+# (default 30), CI_CTEST_ARGS (extra ctest arguments, e.g. "-L package" or "-E mp/"),
+# CI_FUZZ_SECONDS (default 30: how long each libFuzzer target runs in CTest, label "fuzz"),
+# KOLO_CI_SANITIZERS (default 0: after the main tests, build and run the CI-sized ASan+UBSan and
+# TSan suites of CMakePresets.json (asan-ci, tsan-ci) in build-asan and build-tsan; 0 skips them).
+# With the sanitizers on, the exit code is the first non-zero of the main run and the suites.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,7 +40,8 @@ echo "cores: $(nproc), jobs: $jobs, KOLO_TIMEOUT_SECONDS=$KOLO_TIMEOUT_SECONDS"
 section "configure ($build_type) into $build_dir"
 # -O2: the level the suite is developed and timed at (Release defaults to -O3).
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" \
-  -DCMAKE_CXX_FLAGS_RELEASE="${CI_CXX_FLAGS_RELEASE:--O2 -DNDEBUG}"
+  -DCMAKE_CXX_FLAGS_RELEASE="${CI_CXX_FLAGS_RELEASE:--O2 -DNDEBUG}" \
+  -DKOLO_FUZZ_SECONDS="${CI_FUZZ_SECONDS:-30}"
 
 section "build"
 cmake --build "$build_dir" -j "$jobs"
@@ -49,6 +54,34 @@ ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" ${CI_CTEST_ARGS:-}
 rc=$?
 set -e
 
+# --- sanitizers: a CI-sized subset (CMakePresets.json, asan-ci / tsan-ci), own build dirs ---
+sanitizers=()
+sanitizer_rcs=()
+if [[ ${KOLO_CI_SANITIZERS:-0} != 0 ]]; then
+  for preset in asan tsan; do
+    section "sanitizers: $preset (presets $preset / $preset-ci)"
+    started=$SECONDS
+    # TSan's runtime maps its shadow at fixed addresses; kernels with more mmap randomisation
+    # than it expects (vm.mmap_rnd_bits > 28) break that, so TSan runs with ASLR off.
+    no_aslr=()
+    if [[ $preset == tsan ]] && command -v setarch >/dev/null; then
+      no_aslr=(setarch "$(uname -m)" -R)
+    fi
+    set +e
+    (
+      set -e
+      cmake --preset "$preset" >/dev/null
+      cmake --build --preset "$preset-ci" -j "$jobs"
+      "${no_aslr[@]}" ctest --preset "$preset-ci" -j "$jobs"
+    )
+    sanitizer_rc=$?
+    set -e
+    echo "$preset: exit code $sanitizer_rc after $((SECONDS - started)) s"
+    sanitizers+=("$preset")
+    sanitizer_rcs+=("$sanitizer_rc")
+  done
+fi
+
 section "result"
 failed_log="$build_dir/Testing/Temporary/LastTestsFailed.log"
 if ((rc == 0)); then
@@ -60,4 +93,17 @@ else
     sed 's/^/  /' "$failed_log"
   fi
 fi
+for i in "${!sanitizers[@]}"; do
+  name=${sanitizers[i]}
+  if ((sanitizer_rcs[i] == 0)); then
+    echo "$name: all tests passed"
+  else
+    echo "$name: exit code ${sanitizer_rcs[i]}"
+    if [[ -s build-$name/Testing/Temporary/LastTestsFailed.log ]]; then
+      echo "$name: failed tests:"
+      sed 's/^/  /' "build-$name/Testing/Temporary/LastTestsFailed.log"
+    fi
+    ((rc != 0)) || rc=${sanitizer_rcs[i]}
+  fi
+done
 exit "$rc"

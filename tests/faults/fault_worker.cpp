@@ -9,6 +9,18 @@
 //   KOLO_OK rank=R <what was verified>
 //   KOLO_NOERROR rank=R <what should have failed but did not>
 //   KOLO_RETURNED rank=R <a collective returned; a later call is expected to fail>
+//   KOLO_PID rank=R pid=P pgid=G store=S        (chaos, verify: before connecting)
+//   KOLO_LOOP rank=R                             (chaos: every rank is in the collective loop)
+//
+// KOLO_FAULT lines also carry mono=T, the CLOCK_MONOTONIC time (seconds) the error was caught:
+// that clock is shared by every process on the machine (network namespaces included), so the
+// driver can subtract the moment it injected a fault and get the detection time.
+//
+// Test hooks read from the environment before connecting (comma-separated, one entry per rank,
+// "-" or empty for none), so that a driver can put a relay into the data path:
+//   KOLO_TEST_LISTEN_PORTS  bind the rank's TCP data listener to 0.0.0.0:PORT (KOLO_LISTEN_FD)
+//   KOLO_TEST_ADDRS         the address the rank advertises to its peers (KOLO_ADDR)
+//   KOLO_TEST_DELAY_MS      sleep this long before connecting (a late rank)
 //
 // Exit codes: 0 success, 3 a kolo::Error was caught (the expected outcome of most modes), 4 an
 // expected error did not happen, 5 a result had wrong numbers, 6 anything else.
@@ -18,6 +30,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -25,10 +41,13 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <kolo/engine/engine.hpp>
 #include <kolo/kolo.hpp>
 
 namespace {
@@ -55,14 +74,18 @@ void say(const std::string& line) {
   [[maybe_unused]] const ssize_t k = ::write(STDOUT_FILENO, s.data(), s.size());
 }
 
+double mono_now() {
+  return std::chrono::duration<double>(WallClock::now().time_since_epoch()).count();
+}
+
 int report(const kolo::Error& e) {
   // Newlines in a message would split the report line; none are expected, but be safe.
   std::string what = e.what();
   for (char& c : what) {
     if (c == '\n') c = ' ';
   }
-  char after[32];
-  std::snprintf(after, sizeof(after), "%.3f", since_t0());
+  char after[64];
+  std::snprintf(after, sizeof(after), "%.3f mono=%.6f", since_t0(), mono_now());
   say("KOLO_FAULT rank=" + rank_label + " kind=" + kolo::error_kind_name(e.kind()) +
       " after=" + after + " what=" + what);
   return kKoloError;
@@ -73,7 +96,44 @@ int no_error(const std::string& what) {
   return kNoError;
 }
 
+// This rank's entry of a per-rank list variable (see the header); "" when absent.
+std::string per_rank(const char* var) {
+  const char* v = std::getenv(var);
+  const char* r = std::getenv("KOLO_RANK");
+  if (!v || !r) return "";
+  const int rank = std::atoi(r);
+  std::string_view rest = v;
+  for (int i = 0; i < rank; ++i) {
+    const auto comma = rest.find(',');
+    if (comma == std::string_view::npos) return "";
+    rest.remove_prefix(comma + 1);
+  }
+  std::string item(rest.substr(0, rest.find(',')));
+  return item == "-" ? "" : item;
+}
+
+void apply_test_hooks() {
+  if (const std::string port = per_rank("KOLO_TEST_LISTEN_PORTS"); !port.empty()) {
+    kolo::net::Socket l =
+        kolo::net::listen_tcp("0.0.0.0", static_cast<std::uint16_t>(std::atoi(port.c_str())));
+    ::setenv("KOLO_LISTEN_FD", std::to_string(l.release()).c_str(), 1);
+  }
+  if (const std::string addr = per_rank("KOLO_TEST_ADDRS"); !addr.empty()) {
+    ::setenv("KOLO_ADDR", addr.c_str(), 1);
+  }
+  if (const std::string ms = per_rank("KOLO_TEST_DELAY_MS"); !ms.empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(ms.c_str())));
+  }
+}
+
+void announce() {
+  const char* store = std::getenv("KOLO_STORE");
+  say("KOLO_PID rank=" + rank_label + " pid=" + std::to_string(::getpid()) +
+      " pgid=" + std::to_string(::getpgrp()) + " store=" + (store ? store : "-"));
+}
+
 std::unique_ptr<Comm> connect() {
+  apply_test_hooks();
   auto c = std::make_unique<Comm>(kolo::Topology::from_env());
   rank_label = std::to_string(c->rank());
   return c;
@@ -209,6 +269,7 @@ int setup() {
 // (d) A healthy job while strangers knock: prints READY once connected, waits for the driver
 // (a line on stdin, so it can probe the closed listeners meanwhile), then runs and verifies.
 int clean(int rounds) {
+  announce();
   auto c = connect();
   say("KOLO_READY rank=" + rank_label);
   pollfd p{STDIN_FILENO, POLLIN, 0};
@@ -219,6 +280,213 @@ int clean(int rounds) {
   if (!verified_allreduces(*c, rounds)) return kWrongResult;
   c->barrier();
   say("KOLO_OK rank=" + rank_label + " " + std::to_string(rounds) + " verified allreduces");
+  return kOk;
+}
+
+// (c') The engine's variables: one fused allreduce through kolo::Engine, checked.
+int engine_setup() {
+  apply_test_hooks();
+  kolo::Engine<> engine(Comm(kolo::Topology::from_env()));
+  rank_label = std::to_string(engine.rank());
+  const int n = engine.size();
+  std::vector<float> v(1000, static_cast<float>(engine.rank() + 1));
+  engine.allreduce_async("x", kolo::TensorView(std::span<float>(v))).wait();
+  const float want = static_cast<float>(n * (n + 1) / 2);
+  if (v.front() != want || v.back() != want) {
+    say("KOLO_WRONG rank=" + rank_label + " engine allreduce gave " + std::to_string(v.front()));
+    return kWrongResult;
+  }
+  say("KOLO_OK rank=" + rank_label + " engine allreduce");
+  return kOk;
+}
+
+// (e) Random collectives. Every rank derives the same sequence from the seed — which collective,
+// how many elements, which algorithm, which root — so they stay in step without talking, and
+// every result is checked element by element (int32 values below 1001: every sum is exact).
+// `chaos` runs until a fault (the driver kills a rank or cuts the network at a random moment);
+// `verify` runs a fixed number of steps and reports how long they took.
+
+std::int32_t value(int q, std::size_t i, long it) {
+  return static_cast<std::int32_t>(
+      (i * 13 + static_cast<std::size_t>(q) * 7 + static_cast<std::size_t>(it) * 3) % 1001);
+}
+
+struct Step {
+  enum Kind {
+    allreduce_sum,
+    allreduce_max,
+    allgather,
+    allgatherv,
+    broadcast,
+    reduce_scatter,
+    alltoall,
+    barrier,
+    kinds
+  };
+  int kind = 0;
+  std::size_t n = 0;  // elements (per rank where the collective has blocks)
+  unsigned algo = 0;
+  int root = 0;
+};
+
+Step next_step(std::mt19937_64& g, int size, std::size_t max_elems) {
+  Step s;
+  s.kind = static_cast<int>(g() % Step::kinds);
+  // Log-uniform sizes from 0 up to max_elems: many small messages, some large ones.
+  unsigned bits = 0;
+  while ((std::size_t{1} << (bits + 1)) <= max_elems) ++bits;
+  const std::size_t cap = std::size_t{1} << (g() % (bits + 1));
+  s.n = static_cast<std::size_t>(g() % (cap + 1));
+  s.algo = static_cast<unsigned>(g() % 8);
+  s.root = static_cast<int>(g() % static_cast<unsigned>(size));
+  return s;
+}
+
+bool wrong(const char* what, long it, std::size_t i, long long got, long long want) {
+  say("KOLO_WRONG rank=" + rank_label + " " + what + " step " + std::to_string(it) + " element " +
+      std::to_string(i) + ": got " + std::to_string(got) + ", want " + std::to_string(want));
+  return false;
+}
+
+// Runs one step and checks its result; false (after a KOLO_WRONG line) on a wrong number.
+bool run_step(Comm& c, const Step& s, long it, bool hierarchical_ok) {
+  const int n_ranks = c.size();
+  const int r = c.rank();
+  const auto N = static_cast<std::size_t>(n_ranks);
+  const std::size_t n = s.n;
+  switch (s.kind) {
+    case Step::allreduce_sum:
+    case Step::allreduce_max: {
+      const unsigned choices = hierarchical_ok ? 5 : 4;
+      c.selector().force_allreduce(kolo::all_allreduce_algorithms[s.algo % choices]);
+      if (s.kind == Step::allreduce_sum) {
+        std::vector<std::int32_t> v(n);
+        for (std::size_t i = 0; i < n; ++i) v[i] = value(r, i, it);
+        c.allreduce(std::span<std::int32_t>(v));
+        for (std::size_t i = 0; i < n; ++i) {
+          long long want = 0;
+          for (int q = 0; q < n_ranks; ++q) want += value(q, i, it);
+          if (v[i] != want) return wrong("allreduce-sum", it, i, v[i], want);
+        }
+      } else {
+        std::vector<double> v(n);
+        for (std::size_t i = 0; i < n; ++i) v[i] = value(r, i, it);
+        c.allreduce(std::span<double>(v), kolo::ReduceOp::max);
+        for (std::size_t i = 0; i < n; ++i) {
+          long long want = 0;
+          for (int q = 0; q < n_ranks; ++q) want = std::max<long long>(want, value(q, i, it));
+          if (v[i] != static_cast<double>(want)) {
+            return wrong("allreduce-max", it, i, static_cast<long long>(v[i]), want);
+          }
+        }
+      }
+      return true;
+    }
+    case Step::allgather: {
+      std::vector<std::int32_t> in(n), out(n * N, -1);
+      for (std::size_t i = 0; i < n; ++i) in[i] = value(r, i, it);
+      c.allgather(kolo::TensorView(std::span<std::int32_t>(in)),
+                  kolo::TensorView(std::span<std::int32_t>(out)));
+      for (std::size_t q = 0; q < N; ++q) {
+        for (std::size_t i = 0; i < n; ++i) {
+          const auto want = value(static_cast<int>(q), i, it);
+          if (out[q * n + i] != want)
+            return wrong("allgather", it, q * n + i, out[q * n + i], want);
+        }
+      }
+      return true;
+    }
+    case Step::allgatherv: {
+      std::vector<std::size_t> counts(N);
+      std::size_t total = 0;
+      for (std::size_t q = 0; q < N; ++q) total += counts[q] = n + q;
+      std::vector<std::int32_t> in(counts[static_cast<std::size_t>(r)]), out(total, -1);
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(r, i, it);
+      c.allgatherv(kolo::TensorView(std::span<std::int32_t>(in)),
+                   kolo::TensorView(std::span<std::int32_t>(out)), counts);
+      std::size_t off = 0;
+      for (std::size_t q = 0; q < N; ++q) {
+        for (std::size_t i = 0; i < counts[q]; ++i) {
+          const auto want = value(static_cast<int>(q), i, it);
+          if (out[off + i] != want) return wrong("allgatherv", it, off + i, out[off + i], want);
+        }
+        off += counts[q];
+      }
+      return true;
+    }
+    case Step::broadcast: {
+      c.selector().force_broadcast(kolo::all_broadcast_algorithms[s.algo % 2]);
+      std::vector<std::int32_t> v(n, -1);
+      if (r == s.root) {
+        for (std::size_t i = 0; i < n; ++i) v[i] = value(s.root, i, it);
+      }
+      c.broadcast(std::span<std::int32_t>(v), s.root);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (v[i] != value(s.root, i, it))
+          return wrong("broadcast", it, i, v[i], value(s.root, i, it));
+      }
+      return true;
+    }
+    case Step::reduce_scatter: {
+      std::vector<std::int32_t> in(n * N), out(n, -1);
+      for (std::size_t j = 0; j < in.size(); ++j) in[j] = value(r, j, it);
+      c.reduce_scatter(kolo::TensorView(std::span<std::int32_t>(in)),
+                       kolo::TensorView(std::span<std::int32_t>(out)));
+      for (std::size_t i = 0; i < n; ++i) {
+        long long want = 0;
+        for (int q = 0; q < n_ranks; ++q) want += value(q, static_cast<std::size_t>(r) * n + i, it);
+        if (out[i] != want) return wrong("reduce_scatter", it, i, out[i], want);
+      }
+      return true;
+    }
+    case Step::alltoall: {
+      std::vector<std::int32_t> in(n * N), out(n * N, -1);
+      for (std::size_t j = 0; j < in.size(); ++j) in[j] = value(r, j, it);
+      c.alltoall(kolo::TensorView(std::span<std::int32_t>(in)),
+                 kolo::TensorView(std::span<std::int32_t>(out)));
+      for (std::size_t q = 0; q < N; ++q) {
+        for (std::size_t i = 0; i < n; ++i) {
+          const auto want = value(static_cast<int>(q), static_cast<std::size_t>(r) * n + i, it);
+          if (out[q * n + i] != want) return wrong("alltoall", it, q * n + i, out[q * n + i], want);
+        }
+      }
+      return true;
+    }
+    default:
+      c.barrier();
+      return true;
+  }
+}
+
+// `iterations` <= 0: until a fault (bounded at 60 s, after which NOERROR is reported).
+int random_collectives(std::uint64_t seed, long iterations, std::size_t max_elems) {
+  announce();
+  auto c = connect();
+  const auto& g = c->host_groups();
+  const bool hierarchical_ok = g.known && g.uniform && g.hosts > 1 && c->local_size() > 1;
+  std::mt19937_64 gen(seed);
+  long it = 0;
+  try {
+    c->barrier();
+    say("KOLO_LOOP rank=" + rank_label);
+    t0 = WallClock::now();
+    for (; iterations <= 0 || it < iterations; ++it) {
+      if (iterations <= 0 && since_t0() > 60) {
+        return no_error(std::to_string(it) + " random collectives and no fault");
+      }
+      const Step s = next_step(gen, c->size(), max_elems);
+      if (!run_step(*c, s, it, hierarchical_ok)) return kWrongResult;
+    }
+    c->barrier();
+  } catch (const kolo::Error& e) {
+    const int code = report(e);
+    // As in kill_mid_allreduce: keep kolo-run's verdict about who failed first deterministic.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return code;
+  }
+  char secs[32];
+  std::snprintf(secs, sizeof(secs), "%.3f", since_t0());
+  say("KOLO_OK rank=" + rank_label + " steps=" + std::to_string(it) + " seconds=" + secs);
   return kOk;
 }
 
@@ -235,11 +503,18 @@ int run(int argc, char** argv) {
                               static_cast<std::size_t>(arg(4, 1 << 20)));
   }
   if (mode == "setup") return setup();
+  if (mode == "engine") return engine_setup();
   if (mode == "clean") return clean(static_cast<int>(arg(2, 4)));
+  if (mode == "chaos" || mode == "verify") {
+    const std::uint64_t seed = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1;
+    const long steps = mode == "chaos" ? 0 : arg(3, 100);
+    return random_collectives(seed, steps, static_cast<std::size_t>(arg(4, 1 << 16)));
+  }
   std::fprintf(
       stderr,
       "usage: fault_worker mismatch-count|mismatch-dtype|mismatch-order [elems]|null-buffer|"
-      "bad-root|kill [victim ms elems]|setup|clean [rounds]\n");
+      "bad-root|kill [victim ms elems]|setup|engine|clean [rounds]|chaos seed [0 max_elems]|\n"
+      "verify seed [steps max_elems]\n");
   return 2;
 }
 

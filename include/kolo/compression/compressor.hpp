@@ -25,6 +25,7 @@
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define KOLO_HAVE_F16C_DISPATCH 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -65,7 +66,12 @@ namespace detail {
   for (; i < n; ++i) d[i] = half_bits_to_float(s[i]) * scale;
 }
 inline bool cpu_has_f16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  // F16C from cpuid: __builtin_cpu_supports("f16c") is GCC's, clang before 16 rejects it.
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0 &&
+           __builtin_cpu_supports("avx");
+  }();
   return has;
 }
 #endif

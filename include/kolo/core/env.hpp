@@ -71,4 +71,22 @@ inline std::optional<long long> env_int(const EnvLookup& env, const std::string&
   return d;
 }
 
+// KOLO_LOG_LEVEL: off, error, warning (or warn), info, debug, in any case; unset or empty means
+// the default (warning). Only `debug` changes anything today (the store logs the connections it
+// refuses), but a misspelt level is an error rather than silently ignored.
+enum class LogLevel { off, error, warning, info, debug };
+
+inline LogLevel log_level_from_env(const EnvLookup& env = process_env()) {
+  const auto v = env("KOLO_LOG_LEVEL");
+  if (!v || v->empty()) return LogLevel::warning;
+  std::string l;
+  for (char c : *v) l.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c);
+  if (l == "off" || l == "none") return LogLevel::off;
+  if (l == "error") return LogLevel::error;
+  if (l == "warning" || l == "warn") return LogLevel::warning;
+  if (l == "info") return LogLevel::info;
+  if (l == "debug") return LogLevel::debug;
+  throw ConfigError("KOLO_LOG_LEVEL=" + *v + " is not one of off, error, warning, info, debug");
+}
+
 }  // namespace kolo

@@ -110,7 +110,15 @@ void reduce_native(T* dst, const T* a, const T* b, std::size_t n) noexcept {
     for (std::size_t k = 0; k < unroll; ++k) va[k] = Op::apply_vec(va[k], vb[k]);
     std::memcpy(dst + i, va, sizeof(va));
   }
-  for (; i < n; ++i) dst[i] = Op::apply(a[i], b[i]);
+  // The tail too goes through memcpy: operands may be misaligned (a TCP staging buffer holds a
+  // float64 payload at whatever offset the frames before it left), and a typed load would be UB.
+  for (; i < n; ++i) {
+    T x, y;
+    std::memcpy(&x, a + i, sizeof(T));
+    std::memcpy(&y, b + i, sizeof(T));
+    x = Op::apply(x, y);
+    std::memcpy(dst + i, &x, sizeof(T));
+  }
 }
 
 // 16-bit floats: widen to float, reduce, round back (round-to-nearest-even).
@@ -136,8 +144,12 @@ void reduce_half(H* dst, const H* a, const H* b, std::size_t n) noexcept {
     }
   }
 #endif
-  for (; i < n; ++i) {
-    dst[i] = H(Op::apply(static_cast<float>(a[i]), static_cast<float>(b[i])));
+  for (; i < n; ++i) {  // memcpy: operands may be misaligned (see reduce_native)
+    H x, y;
+    std::memcpy(&x, a + i, sizeof(H));
+    std::memcpy(&y, b + i, sizeof(H));
+    const H r = H(Op::apply(static_cast<float>(x), static_cast<float>(y)));
+    std::memcpy(dst + i, &r, sizeof(H));
   }
 }
 

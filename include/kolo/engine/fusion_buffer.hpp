@@ -25,7 +25,8 @@ namespace detail {
 inline void scaled_copy(void* dst, const void* src, std::size_t count, DataType t, double factor,
                         int divisor = 1) {
   if (factor == 1.0 && divisor == 1) {
-    if (dst != src) std::memmove(dst, src, count * dtype_size(t));
+    // count == 0 may come with null pointers, which memmove must not see (UB).
+    if (dst != src && count > 0) std::memmove(dst, src, count * dtype_size(t));
     return;
   }
   visit_dtype(t, [&](auto tag) {

@@ -88,6 +88,40 @@ inline HostPort parse_host_port(std::string_view s, std::string_view what) {
   return HostPort{std::string(host), static_cast<std::uint16_t>(value)};
 }
 
+// Is `h` usable as an address to advertise: a numeric IPv4 or IPv6 address (brackets allowed)
+// or a host name of RFC 1123 labels whose last label is not all digits (getaddrinfo would read
+// "1.5" as the shorthand IPv4 address 1.0.0.5, which nobody means)?
+inline bool valid_host(std::string_view h) {
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  if (h.empty() || h.size() > 253) return false;
+  const std::string s(h);
+  unsigned char buf[sizeof(in6_addr)];
+  if (::inet_pton(AF_INET, s.c_str(), buf) == 1 || ::inet_pton(AF_INET6, s.c_str(), buf) == 1) {
+    return true;
+  }
+  if (h.back() == '.') h.remove_suffix(1);
+  if (h.empty()) return false;
+  bool last_all_digits = false;
+  while (!h.empty()) {
+    const auto dot = h.find('.');
+    const std::string_view label = h.substr(0, dot);
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
+      return false;
+    }
+    last_all_digits = true;
+    for (char c : label) {
+      const bool digit = c >= '0' && c <= '9';
+      const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+      if (!digit && !alpha && c != '-') return false;
+      last_all_digits = last_all_digits && digit;
+    }
+    if (dot == std::string_view::npos) break;
+    h.remove_prefix(dot + 1);
+    if (h.empty()) return false;  // "a..b" or a second trailing dot
+  }
+  return !last_all_digits;
+}
+
 inline void set_nonblocking(int fd, bool on = true) {
   const int flags = ::fcntl(fd, F_GETFL, 0);
   if (flags < 0 || ::fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK)) < 0) {

@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "kolo/core/deadline.hpp"
+#include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/net/auth.hpp"
 #include "kolo/net/socket.hpp"
@@ -283,9 +284,7 @@ class StoreServer {
     net::set_cloexec(listener_.fd());
     port_ = net::local_port(listener_.fd());
     name_ = "store :" + std::to_string(port_);
-    if (const char* lvl = std::getenv("KOLO_LOG_LEVEL")) {
-      debug_ = std::string_view(lvl) == "debug" || std::string_view(lvl) == "DEBUG";
-    }
+    debug_ = log_level_from_env() == LogLevel::debug;  // a bad value is a ConfigError
     int p[2];
     if (::pipe(p) != 0) throw Error("StoreServer: pipe() failed: " + net::errno_text(errno));
     wake_read_ = net::Socket(p[0]);

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -41,6 +42,7 @@ struct Topology {
   double timeout_seconds = 30.0;
   std::string host_key;      // ranks with equal keys share a host (shared memory reaches them)
   std::string advertise_ip;  // KOLO_ADDR: the address peers use to reach this rank (else derived)
+  LogLevel log_level = LogLevel::warning;  // KOLO_LOG_LEVEL (checked here, on every rank alike)
 
   bool is_local_complete() const {
     return local_rank >= 0 && local_size > 0 && cross_rank >= 0 && cross_size > 0;
@@ -120,6 +122,12 @@ struct Topology {
           throw ConfigError(i->first + "=" + i->second + " is not below " + c->first + "=" +
                             c->second);
         }
+        // Without a count to compare with, an index is still below the number of ranks (and
+        // an int: a huge value must not wrap around into a plausible one).
+        if (k >= sz) {
+          throw ConfigError(i->first + "=" + i->second + " is not below " + size->first + "=" +
+                            size->second);
+        }
         idx = static_cast<int>(k);
       }
     };
@@ -198,6 +206,9 @@ struct Topology {
         if (!item.empty()) {
           const long long id = parse_env_int("KOLO_DEVICES", item);
           if (id < 0) throw ConfigError("KOLO_DEVICES=" + *d + " has a negative device id");
+          if (id > std::numeric_limits<int>::max()) {
+            throw ConfigError("KOLO_DEVICES=" + *d + " has a device id out of range");
+          }
           t.devices.push_back(static_cast<int>(id));
         }
         if (comma == std::string_view::npos) break;
@@ -206,10 +217,16 @@ struct Topology {
     }
     if (auto to = env_double(env, "KOLO_TIMEOUT_SECONDS", 0.001, 1.0e6)) t.timeout_seconds = *to;
     if (auto a = env("KOLO_ADDR"); a && !a->empty()) {
+      if (!net::valid_host(*a)) {
+        throw ConfigError("KOLO_ADDR=" + *a +
+                          " is neither an IP address nor a host name (the address other ranks "
+                          "use to reach this one)");
+      }
       t.advertise_ip = *a;
     } else if (!t.peers.empty()) {
       t.advertise_ip = t.peers[static_cast<std::size_t>(t.rank)].host;
     }
+    t.log_level = log_level_from_env(env);
     if (auto hk = env("KOLO_HOST_KEY"); hk && !hk->empty()) {
       t.host_key = *hk;
     } else {

@@ -190,6 +190,7 @@ class MeshTransport {
   MeshTransport& operator=(const MeshTransport&) = delete;
 
   ~MeshTransport() {
+    if (aborted_) drain_tcp_before_close();
     for (auto& p : peers_) {
       if (p.fd >= 0) ::close(p.fd);
       if (p.bell_fd >= 0) ::close(p.bell_fd);
@@ -294,6 +295,35 @@ class MeshTransport {
   bool aborted() const { return aborted_; }
 
  private:
+  // After an abort a peer may still be sending us the rest of a message. Closing a socket with
+  // unread bytes makes the kernel send a reset and throw away what we had queued for the peer,
+  // which can be the ABORT frame telling it why (it would then report "rank R exited" instead
+  // of the real error). So read and discard until each peer closes too — it does as soon as it
+  // has read our ABORT — for at most one second in all.
+  void drain_tcp_before_close() noexcept {
+    const Deadline dl = Deadline::after(1.0);
+    std::vector<pollfd> fds;
+    for (const auto& p : peers_) {
+      if (p.route == Route::tcp && p.fd >= 0 && !p.closed) fds.push_back({p.fd, POLLIN, 0});
+    }
+    std::vector<char> sink(64 * 1024);
+    while (!fds.empty() && !dl.expired()) {
+      if (::poll(fds.data(), fds.size(), dl.remaining_ms()) < 0 && errno != EINTR) return;
+      for (auto& f : fds) {
+        if (f.revents == 0) continue;
+        for (;;) {
+          const ssize_t k = ::recv(f.fd, sink.data(), sink.size(), MSG_DONTWAIT);
+          if (k > 0) continue;
+          if (k < 0 && errno == EINTR) continue;
+          if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) f.fd = -1;  // done
+          break;
+        }
+        f.revents = 0;
+      }
+      std::erase_if(fds, [](const pollfd& f) { return f.fd < 0; });
+    }
+  }
+
   struct Peer {
     Route route = Route::self;
     std::deque<std::uint32_t> sendq, recvq;
@@ -734,7 +764,8 @@ class MeshTransport {
         detail::ShmSlotHeader* s = slot(peer.out_channel, peer.head);
         if (s->full.load(std::memory_order_acquire) != 0) break;  // ring full: wait
         const std::size_t n = std::min(opts_.shm_slot_bytes, op.bytes - op.done);
-        std::memcpy(reinterpret_cast<std::byte*>(s + 1), op.src + op.done, n);
+        // n == 0 (an empty message) may come with a null src: memcpy must not see it (UB).
+        if (n > 0) std::memcpy(reinterpret_cast<std::byte*>(s + 1), op.src + op.done, n);
         s->bytes = n;
         s->first = op.begun ? 0 : 1;
         if (!op.begun) {
@@ -773,7 +804,7 @@ class MeshTransport {
         const std::size_t n = s->bytes;
         const auto* data = reinterpret_cast<const std::byte*>(s + 1);
         if (op.kind == detail::Op::Kind::recv) {
-          std::memcpy(op.dst + op.done, data, n);
+          if (n > 0) std::memcpy(op.dst + op.done, data, n);  // dst may be null when n == 0
         } else {
           op.rs.fn(op.dst + op.done, op.src + op.done, data, n / op.rs.elem_size);
         }
@@ -963,9 +994,24 @@ class MeshTransport {
             throw Error("TCP protocol error from rank " + std::to_string(p) + " (bad BEGIN)");
           }
         } else if (h.type == detail::kFrameData) {
-          if (!ops_[peer.recvq.front()].begun) {
+          const detail::Op& op = ops_[peer.recvq.front()];
+          if (!op.begun) {
             throw Error("TCP protocol error from rank " + std::to_string(p) +
                         " (DATA before BEGIN)");
+          }
+          // A frame longer than what is left of the message would never let the receive
+          // complete (and, with more bytes queued behind it, spin on a full buffer).
+          if (h.len > op.bytes - op.done) {
+            throw Error("TCP protocol error from rank " + std::to_string(p) + " (DATA frame of " +
+                        std::to_string(h.len) + " bytes, " + std::to_string(op.bytes - op.done) +
+                        " left in the message)");
+          }
+          // A reducing receive folds whole elements: a frame that ends inside one leaves a
+          // fragment no later frame can complete, and the loop below would spin on it.
+          if (op.kind == detail::Op::Kind::recv_reduce && h.len % op.rs.elem_size != 0) {
+            throw Error("TCP protocol error from rank " + std::to_string(p) + " (DATA frame of " +
+                        std::to_string(h.len) + " bytes splits a " +
+                        std::to_string(op.rs.elem_size) + "-byte element)");
           }
         } else {
           throw Error("TCP protocol error from rank " + std::to_string(p) + " (bad frame type)");
