@@ -22,18 +22,27 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "kolo/algorithm/allreduce_double_tree.hpp"
+#include "kolo/algorithm/allreduce_halving_doubling.hpp"
+#include "kolo/algorithm/allreduce_hierarchical.hpp"
 #include "kolo/algorithm/allreduce_recursive_doubling.hpp"
 #include "kolo/algorithm/alltoall_pairwise.hpp"
 #include "kolo/algorithm/barrier_dissemination.hpp"
+#include "kolo/algorithm/broadcast_binomial.hpp"
 #include "kolo/algorithm/broadcast_chain.hpp"
+#include "kolo/algorithm/group_view.hpp"
 #include "kolo/algorithm/options.hpp"
 #include "kolo/algorithm/ring_allgather.hpp"
 #include "kolo/algorithm/ring_allreduce.hpp"
 #include "kolo/algorithm/ring_reduce_scatter.hpp"
+#include "kolo/algorithm/selector.hpp"
+#include "kolo/algorithm/tuning_probe.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/core/signature.hpp"
@@ -81,7 +90,16 @@ concept HasNativeBarrier = requires(T& t, const AlgoOptions& o) {
 
 struct CommunicatorOptions {
   std::size_t segment_bytes = 256 * 1024;
-  std::size_t small_allreduce_bytes = 16 * 1024;  // up to this, recursive doubling
+  // Deprecated (KOLO_SMALL_ALLREDUCE_BYTES): recursive doubling up to this many bytes, ring
+  // above — the fixed rule the Selector replaced. Ignored when allreduce_rules are given.
+  std::optional<std::size_t> small_allreduce_bytes;
+  // Per-size-range overrides of the Selector (KOLO_ALLREDUCE, KOLO_BROADCAST); empty: the cost
+  // model decides. Grammar and names: algorithm/selector.hpp.
+  SizeRules<AllreduceAlgorithm> allreduce_rules;
+  SizeRules<BroadcastAlgorithm> broadcast_rules;
+  // Where the Selector's constants come from (KOLO_TUNING=probe|default|file:PATH); unset: probe
+  // for the mesh transports (shm, tcp, routed), built-in defaults for adopted transports.
+  std::optional<TuningSource> tuning;
 
   static CommunicatorOptions from_env(const EnvLookup& env = process_env()) {
     CommunicatorOptions o;
@@ -91,7 +109,27 @@ struct CommunicatorOptions {
     if (auto v = env_int(env, "KOLO_SEGMENT_BYTES", 64, 1ll << 30)) {
       o.segment_bytes = static_cast<std::size_t>(*v);
     }
+    // Set but empty means unset, as for KOLO_TRANSPORT.
+    if (auto v = env("KOLO_ALLREDUCE"); v && !v->empty()) {
+      o.allreduce_rules = SizeRules<AllreduceAlgorithm>::parse("KOLO_ALLREDUCE", *v);
+    }
+    if (auto v = env("KOLO_BROADCAST"); v && !v->empty()) {
+      o.broadcast_rules = SizeRules<BroadcastAlgorithm>::parse("KOLO_BROADCAST", *v);
+    }
+    o.tuning = TuningSource::from_env(env);
     return o;
+  }
+
+  // The allreduce rules in effect: explicit rules, else the deprecated threshold, else none.
+  SizeRules<AllreduceAlgorithm> effective_allreduce_rules() const {
+    if (!allreduce_rules.empty() || !small_allreduce_bytes) return allreduce_rules;
+    const std::size_t n = *small_allreduce_bytes;
+    if (n == SizeRules<AllreduceAlgorithm>::kMax) {
+      return SizeRules<AllreduceAlgorithm>::always(AllreduceAlgorithm::recursive_doubling);
+    }
+    return SizeRules<AllreduceAlgorithm>::parse(
+        "KOLO_SMALL_ALLREDUCE_BYTES",
+        "recursive-doubling:0-" + std::to_string(n) + ";ring:" + std::to_string(n + 1) + "-max");
   }
 };
 
@@ -119,6 +157,7 @@ class Communicator {
       transport_ = std::make_unique<T>(*boot_);
     }
     topo_ = boot_->topology();
+    setup_selector();
   }
 
   // Adopts a transport built elsewhere (e.g. from an MPI communicator: no store, no KOLO_*
@@ -134,6 +173,7 @@ class Communicator {
       topo_.rank = transport_->rank();
       topo_.size = transport_->size();
     }
+    setup_selector();
   }
 
   Communicator(Communicator&&) noexcept = default;
@@ -150,6 +190,20 @@ class Communicator {
   // The rendezvous this communicator was built with; nullptr when it adopted a transport.
   Bootstrap* bootstrap() { return boot_.get(); }
 
+  // ---- algorithm selection ----
+  // The Selector decides allreduce and broadcast algorithms per call. To force one (kolo-bench
+  // --algo), call the same on every rank before the collective:
+  //   comm.selector().force_allreduce(AllreduceAlgorithm::tree);
+  //   comm.selector().set_allreduce_rules("tree:0-64K;ring:64K-max");   // KOLO_ALLREDUCE grammar
+  //   comm.selector().clear_overrides();                                // back to the model
+  Selector& selector() { return selector_; }
+  const Selector& selector() const { return selector_; }
+  // What the last allreduce / broadcast ran (after fallbacks; native calls are not recorded).
+  AllreduceAlgorithm last_allreduce_algorithm() const { return last_allreduce_; }
+  BroadcastAlgorithm last_broadcast_algorithm() const { return last_broadcast_; }
+  // This rank's host and cross-host groups (hierarchical allreduce).
+  const HostGroups& host_groups() const { return groups_; }
+
   // ---- allreduce ----
   void allreduce(TensorView in, TensorView out, ReduceOp op = ReduceOp::sum) {
     run(Collective::allreduce, in.dtype, op, in.count, -1, 0, [&](const AlgoOptions& opt) {
@@ -163,14 +217,7 @@ class Communicator {
       if constexpr (HasNativeAllreduce<T>) {
         if (transport_->native_allreduce(in.data, out.data, in.count, in.dtype, op, opt)) return;
       }
-      // Latency-bound sizes: recursive doubling (log2 n rounds); bandwidth-bound: the ring.
-      // (A measured cost model replaces this threshold in the algorithm-selection work.)
-      if (in.bytes() <= opts_.small_allreduce_bytes) {
-        allreduce_recursive_doubling(*transport_, in.data, out.data, in.count, in.dtype, op,
-                                     scratch_, opt);
-      } else {
-        allreduce_ring(*transport_, in.data, out.data, in.count, in.dtype, op, opt);
-      }
+      run_allreduce(in.data, out.data, in.count, in.dtype, op, opt);
     });
   }
   void allreduce(TensorView inout, ReduceOp op = ReduceOp::sum) { allreduce(inout, inout, op); }
@@ -240,7 +287,12 @@ class Communicator {
           if constexpr (HasNativeBroadcast<T>) {
             if (transport_->native_broadcast(data.data, data.count, data.dtype, root, opt)) return;
           }
-          broadcast_chain(*transport_, data.data, data.bytes(), root, opt);
+          last_broadcast_ = selector_.broadcast(data.bytes());
+          if (last_broadcast_ == BroadcastAlgorithm::binomial) {
+            broadcast_binomial(*transport_, data.data, data.bytes(), root, opt);
+          } else {
+            broadcast_chain(*transport_, data.data, data.bytes(), root, opt);
+          }
         });
   }
   template <class E>
@@ -307,6 +359,120 @@ class Communicator {
   }
 
  private:
+  // Host groups, route constants and overrides; the tuning probe is a collective (every rank
+  // constructs its communicator at the same point), and its errors reach every rank.
+  void setup_selector() {
+    const int n = size();
+    const int r = rank();
+    SelectionShape shape;
+    shape.size = n;
+    ProbePartners partners;
+    std::optional<TuningSource> source = opts_.tuning;
+    bool mesh = false;
+    if constexpr (std::is_base_of_v<MeshTransport, T>) mesh = boot_ != nullptr;
+    if (mesh) {
+      const auto& keys = boot_->host_keys();
+      groups_ = HostGroups::from_host_keys(keys, r);
+      const RouteMode mode = mesh_mode();
+      // Routes as rank 0 sees them (the probe is rank 0's), derived the same way on every rank.
+      for (int q = 1; q < n; ++q) {
+        const bool shm =
+            mode != RouteMode::tcp_only && keys[static_cast<std::size_t>(q)] == keys[0];
+        int& partner = shm ? partners.shm : partners.tcp;
+        if (partner < 0) partner = q;
+      }
+      if (!source) source = TuningSource{};  // probe
+    } else {
+      groups_ = HostGroups::single_host(n, r);
+      partners.tcp = n > 1 ? 1 : -1;  // one generic route, kept in the tcp slot
+    }
+    Tuning tuning;
+    if (source) {
+      try {
+        tuning = negotiate_tuning(*transport_, *source, partners,
+                                  Deadline::after(transport_->timeout_seconds()));
+      } catch (const Error& e) {
+        transport_->abort(e);
+        throw;
+      }
+    }
+    shape.hosts = groups_.hosts;
+    // Inputs of the model must be the same on every rank: with uneven hosts this rank's own
+    // host size is not, the largest one is.
+    shape.local_size = groups_.max_local_size;
+    shape.hierarchical_ok =
+        groups_.known && groups_.uniform && groups_.hosts > 1 && groups_.local_size() > 1;
+    if (mesh) {
+      const RouteMode mode = mesh_mode();
+      shape.intra = mode == RouteMode::tcp_only ? tuning.tcp : tuning.shm;
+      shape.inter = mode == RouteMode::shm_only ? tuning.shm : tuning.tcp;
+      shape.flat = groups_.hosts > 1 ? shape.inter : shape.intra;
+    } else {
+      shape.flat = shape.intra = shape.inter = tuning.tcp;
+    }
+    selector_ = Selector(tuning, shape, opts_.segment_bytes);
+    selector_.set_allreduce_rules(opts_.effective_allreduce_rules());
+    selector_.set_broadcast_rules(opts_.broadcast_rules);
+  }
+
+  RouteMode mesh_mode() const {
+    if constexpr (std::is_base_of_v<MeshTransport, T>) {
+      return transport_->mode();
+    } else {
+      return RouteMode::tcp_only;
+    }
+  }
+
+  // One place that runs what the Selector chose.
+  void run_allreduce(const void* in, void* out, std::size_t count, DataType dtype, ReduceOp op,
+                     const AlgoOptions& opt) {
+    const std::size_t bytes = count * dtype_size(dtype);
+    AllreduceAlgorithm a = selector_.allreduce(bytes);
+    if (a == AllreduceAlgorithm::hierarchical && !groups_.uniform) {
+      a = selector_.model_allreduce(bytes);  // uneven hosts: the best flat algorithm instead
+    }
+    last_allreduce_ = a;
+    const std::size_t es = dtype_size(dtype);
+    if (a != AllreduceAlgorithm::hierarchical) {
+      AlgoOptions o = opt;
+      if (a == AllreduceAlgorithm::tree)
+        o.tree_segment_bytes = selector_.tree_segment((count + 1) / 2 * es);
+      run_flat_allreduce(*transport_, a, in, out, count, dtype, op, o);
+      return;
+    }
+    const AllreduceAlgorithm cross = selector_.cross_allreduce(bytes);
+    allreduce_hierarchical(
+        *transport_, groups_, in, out, count, dtype, op,
+        [&](GroupView<T>& g, void* block, std::size_t n, ReduceOp inner) {
+          AlgoOptions o = opt;
+          if (cross == AllreduceAlgorithm::tree) {
+            o.tree_segment_bytes = selector_.tree_segment((n + 1) / 2 * es, true);
+          }
+          run_flat_allreduce(g, cross, block, block, n, dtype, inner, o);
+        },
+        opt);
+  }
+
+  template <Transport U>
+  void run_flat_allreduce(U& t, AllreduceAlgorithm a, const void* in, void* out, std::size_t count,
+                          DataType dtype, ReduceOp op, const AlgoOptions& opt) {
+    switch (a) {
+      case AllreduceAlgorithm::tree:
+        allreduce_double_tree(t, in, out, count, dtype, op, opt);
+        return;
+      case AllreduceAlgorithm::halving_doubling:
+        allreduce_halving_doubling(t, in, out, count, dtype, op, opt);
+        return;
+      case AllreduceAlgorithm::recursive_doubling:
+        allreduce_recursive_doubling(t, in, out, count, dtype, op, scratch_, opt);
+        return;
+      case AllreduceAlgorithm::ring:
+      case AllreduceAlgorithm::hierarchical:
+        break;
+    }
+    allreduce_ring(t, in, out, count, dtype, op, opt);
+  }
+
   template <class Body>
   void run(Collective c, DataType dtype, ReduceOp op, std::size_t count, int root,
            std::uint64_t extra, Body&& body) {
@@ -371,6 +537,10 @@ class Communicator {
   CommunicatorOptions opts_;
   std::uint64_t seq_ = 0;
   std::vector<std::byte> scratch_;
+  HostGroups groups_;
+  Selector selector_;
+  AllreduceAlgorithm last_allreduce_ = AllreduceAlgorithm::ring;
+  BroadcastAlgorithm last_broadcast_ = BroadcastAlgorithm::chain;
 };
 
 }  // namespace kolo

@@ -1,5 +1,8 @@
 // Shared helpers for the multi-process tests: one Communicator per process, built from the
 // environment contract that kolo-run exports, with KOLO_TRANSPORT choosing shm, tcp or routed.
+// Built with KOLO_TEST_MPI=1 (tests/mpi) the same tests run under mpirun on MPI_COMM_WORLD
+// instead: through kolo's algorithms over MPI point-to-point (MpiTransport), or through MPI's own
+// collectives when KOLO_TEST_MPI_NATIVE=1 is defined as well (MpiNativeTransport).
 #pragma once
 
 #include <cmath>
@@ -12,13 +15,33 @@
 
 #include <kolo/kolo.hpp>
 
+#if defined(KOLO_TEST_MPI)
+#include <kolo/transport/mpi.hpp>
+#endif
+
 namespace kolo_test {
 
+#if defined(KOLO_TEST_MPI)
+#if defined(KOLO_TEST_MPI_NATIVE)
+using TestTransport = kolo::MpiNativeTransport;
+#else
+using TestTransport = kolo::MpiTransport;
+#endif
+inline kolo::Communicator<TestTransport>& comm() {
+  static std::unique_ptr<kolo::Communicator<TestTransport>> c;
+  if (!c) {
+    c = std::make_unique<kolo::Communicator<TestTransport>>(
+        std::make_unique<TestTransport>(MPI_COMM_WORLD));
+  }
+  return *c;
+}
+#else
 inline kolo::Communicator<>& comm() {
   static std::unique_ptr<kolo::Communicator<>> c;
   if (!c) c = std::make_unique<kolo::Communicator<>>(kolo::Topology::from_env());
   return *c;
 }
+#endif
 
 template <class T>
 constexpr bool is_half_v = std::is_same_v<T, kolo::float16> || std::is_same_v<T, kolo::bfloat16>;

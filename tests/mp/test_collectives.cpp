@@ -14,6 +14,13 @@
 
 #include "mp_common.hpp"
 
+#if defined(KOLO_TEST_MPI)
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#endif
+
 using kolo::DataType;
 using kolo::ReduceOp;
 using kolo::TensorView;
@@ -266,6 +273,7 @@ TEST_CASE("alltoall: every dtype x count") {
 
 TEST_CASE("barrier: nobody leaves before everyone arrived") {
   auto& c = comm();
+#if !defined(KOLO_TEST_MPI)
   // Each rank adds to a store counter before the barrier; after it, all increments are visible.
   for (int round = 0; round < 3; ++round) {
     if (c.size() > 1) c.bootstrap()->store()->add("test/barrier/" + std::to_string(round), 1);
@@ -275,6 +283,31 @@ TEST_CASE("barrier: nobody leaves before everyone arrived") {
       CHECK(std::stoll(v) == c.size());
     }
   }
+#else
+  // No store under MPI: one rank arrives late each round, and every rank's arrival and departure
+  // times (CLOCK_MONOTONIC, shared by the processes of one host) show that nobody left before the
+  // last arrival.
+  for (int round = 0; round < 3; ++round) {
+    if (c.rank() == round % c.size()) ::usleep(50000);
+    const auto now = [] {
+      timespec ts{};
+      ::clock_gettime(CLOCK_MONOTONIC, &ts);
+      return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+    };
+    std::vector<std::int64_t> mine = {now(), 0};
+    c.barrier();
+    mine[1] = now();
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(c.size()));
+    c.allgather(TensorView(mine.data(), 2, DataType::int64),
+                TensorView(all.data(), all.size(), DataType::int64));
+    std::int64_t last_arrival = 0, first_departure = INT64_MAX;
+    for (std::size_t q = 0; q < all.size(); q += 2) {
+      last_arrival = std::max(last_arrival, all[q]);
+      first_departure = std::min(first_departure, all[q + 1]);
+    }
+    CHECK(first_departure >= last_arrival);
+  }
+#endif
 }
 
 TEST_CASE("typed span overloads and topology") {
@@ -287,6 +320,7 @@ TEST_CASE("typed span overloads and topology") {
   CHECK(c.cross_rank() < c.cross_size());
 }
 
+#if !defined(KOLO_TEST_MPI)  // MPI chooses its own routes (btl); no store, no host keys
 TEST_CASE("routes follow hosts: shared memory within a host and TCP across hosts") {
   auto& c = comm();
   auto& t = c.transport();
@@ -312,4 +346,87 @@ TEST_CASE("routes follow hosts: shared memory within a host and TCP across hosts
     CHECK(shm_peers == c.local_size() - 1);
     if (c.cross_size() > 1) CHECK(shm_peers < c.size() - 1);  // and some peers are remote
   }
+}
+#endif
+
+// ---- algorithm selection (issue 4): appended; the CTest entries force each algorithm ----
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <random>
+#include <utility>
+
+namespace {
+
+// KOLO_TEST_EXPECT_<WHAT>="NAME" or "NAME@BYTES": the named algorithm must run (a forced one
+// must not silently fall back; a topology must make the model pick it at BYTES).
+std::optional<std::pair<std::string, std::size_t>> expected_algorithm(const char* var,
+                                                                       std::size_t dflt) {
+  const char* v = std::getenv(var);
+  if (!v || !*v) return std::nullopt;
+  const std::string s(v);
+  const auto at = s.find('@');
+  if (at == std::string::npos) return std::make_pair(s, dflt);
+  return std::make_pair(s.substr(0, at), static_cast<std::size_t>(std::stoull(s.substr(at + 1))));
+}
+
+}  // namespace
+
+TEST_CASE("allreduce: results are bit-identical on every rank (random floats)") {
+  // Sums of random floats depend on the order of the additions; data-parallel training needs
+  // every rank to end with the same bits, so each algorithm must compute each element once (or
+  // in one order everywhere). Compare every rank's result with rank 0's through an allgather.
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  const auto un = static_cast<std::size_t>(n);
+  std::mt19937_64 rng(0x6b6f6c6fu + static_cast<unsigned>(r));
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  for (DataType dt : {DataType::float32, DataType::float64, DataType::float16, DataType::bfloat16}) {
+    kolo::visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+        for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{1000},
+                                  std::size_t{262147}}) {
+          std::vector<T> v(count);
+          // Magnitudes spread over six decades, so a different summation order shows.
+          for (auto& x : v) x = from_double<T>(dist(rng) * std::pow(10.0, 3 * dist(rng)));
+          c.allreduce(TensorView(v.data(), count, dt), op);
+          std::vector<T> all(count * un);
+          c.allgather(TensorView(v.data(), count, dt), TensorView(all.data(), all.size(), dt));
+          std::size_t differ = 0;
+          for (std::size_t q = 1; q < un; ++q) {
+            differ += std::memcmp(all.data(), all.data() + q * count, count * sizeof(T)) != 0;
+          }
+          CHECK_MESSAGE(differ == 0, label("allreduce bit-identical", dt, count, "", op, true)
+                                         << " algorithm "
+                                         << kolo::algorithm_name(c.last_allreduce_algorithm()));
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("allreduce: the expected algorithm runs (KOLO_TEST_EXPECT_ALLREDUCE)") {
+  auto& c = comm();
+  const auto want = expected_algorithm("KOLO_TEST_EXPECT_ALLREDUCE", 4096);
+  if (!want) return;
+  const std::size_t count = std::max<std::size_t>(1, want->second / sizeof(std::int32_t));
+  std::vector<std::int32_t> v(count, c.rank() + 1);
+  c.allreduce(std::span<std::int32_t>(v));
+  CHECK(std::string(kolo::algorithm_name(c.last_allreduce_algorithm())) == want->first);
+  const std::int32_t sum = c.size() * (c.size() + 1) / 2;
+  CHECK(std::count(v.begin(), v.end(), sum) == static_cast<std::ptrdiff_t>(count));
+  MESSAGE("selector: " << c.selector().describe());
+}
+
+TEST_CASE("broadcast: the expected algorithm runs (KOLO_TEST_EXPECT_BROADCAST)") {
+  auto& c = comm();
+  const auto want = expected_algorithm("KOLO_TEST_EXPECT_BROADCAST", 4096);
+  if (!want) return;
+  std::vector<std::uint8_t> v(want->second, c.rank() == 0 ? 7 : 0);
+  c.broadcast(std::span<std::uint8_t>(v), 0);
+  CHECK(std::string(kolo::algorithm_name(c.last_broadcast_algorithm())) == want->first);
+  CHECK(std::count(v.begin(), v.end(), 7) == static_cast<std::ptrdiff_t>(v.size()));
 }

@@ -39,10 +39,12 @@ void allreduce_recursive_doubling(T& t, const void* in, void* out, std::size_t c
   if (scratch.size() < bytes) scratch.resize(bytes);
   const ReduceSpec rs{reduce_function(dtype, op), es};
   // Two buffers alternate: a round sends `cur` and folds the partner's data into `next`, so a
-  // send still reading `cur` never races the reduction writing `next`.
-  const std::byte* cur = src;
-  std::byte* next = dst;
+  // send still reading `cur` never races the reduction writing `next`. In place (src == dst)
+  // the first round must fold into the spare buffer: a send larger than the transport's
+  // buffering is still reading `cur` while the partner's data arrives.
   std::byte* spare = scratch.data();
+  const std::byte* cur = src;
+  std::byte* next = src == dst ? spare : dst;
   auto exchange = [&](int partner) {
     auto sq = t.isend(partner, cur, bytes, opt.sig);
     auto rq = t.irecv_reduce(partner, next, cur, bytes, rs, opt.sig);

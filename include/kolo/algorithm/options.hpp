@@ -17,6 +17,9 @@ struct AlgoOptions {
   // times instead of 2(n-1) block times.
   std::size_t segment_bytes = 256 * 1024;
   std::size_t recv_window = 16;  // receives posted ahead of need
+  // The double tree's segment (0: derived from the size alone). Must be the same on every rank;
+  // the Communicator sets it from the Selector's measured constants (Selector::tree_segment).
+  std::size_t tree_segment_bytes = 0;
 };
 
 // Elements [begin, begin+count) of block b when `total` elements are split into n blocks as

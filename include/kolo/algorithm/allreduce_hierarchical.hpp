@@ -1,0 +1,137 @@
+// kolo/algorithm/allreduce_hierarchical.hpp — two-level allreduce for several hosts with several
+// ranks each (Horovod's hierarchical allreduce; NCCL's intra/inter split).
+//
+//  1. Inside each host, a ring reduce-scatter over shared memory: local rank i ends with block i
+//     (of L = ranks per host) reduced over its host.
+//  2. Across hosts, an allreduce of block i among the ranks with local rank i — one per host, all
+//     L shards at once, each on a GroupView of the transport (so any flat algorithm runs there
+//     unchanged; the caller picks it, normally through the Selector for S/L bytes over H hosts).
+//  3. Inside each host, a ring allgather of the blocks.
+// Cost, H hosts, L ranks each, intra link (αi, βi), inter link (αx, βx) shared by the L shards:
+//     2(L-1)·αi + 2(L-1)/L·S·βi + (L-1)/L·S·γ  +  T_cross(S/L, H ranks, βx·L)
+// Only (H-1)/H of the data crosses the host boundary twice, against (n-1)/n for a flat ring
+// whose every step also waits for the slow link: hierarchical wins when the inter-host link is
+// the bottleneck, and on latency (2(H-1) slow steps instead of 2(n-1)).
+//
+// Hosts must have equal rank counts (the shards of different hosts must be the same blocks);
+// with uneven hosts the Communicator falls back to a flat algorithm (HostGroups::uniform).
+//
+// Bit-identical on every rank: block i is finished by the cross allreduce of shard i (itself
+// bit-identical on its members), divided once there for ReduceOp::average, then only copied.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kolo/algorithm/group_view.hpp"
+#include "kolo/algorithm/options.hpp"
+#include "kolo/algorithm/ring_allgather.hpp"
+#include "kolo/algorithm/ring_pipeline.hpp"
+#include "kolo/core/reduce.hpp"
+#include "kolo/transport/transport.hpp"
+
+namespace kolo {
+
+// This rank's two groups: the ranks of its host, and its peers of the same local rank.
+struct HostGroups {
+  std::vector<int> local;  // global ranks on this host, in local-rank order (includes this rank)
+  std::vector<int> cross;  // global ranks with this rank's local rank, one per host, host order
+  int hosts = 1;
+  int max_local_size = 1;  // the most ranks on any host (the same number on every rank)
+  bool uniform = true;     // every host has the same number of ranks
+  bool known = false;      // built from real host membership (host keys), not assumed
+
+  // One host holding every rank (what is assumed when nothing is known).
+  static HostGroups single_host(int size, int rank) {
+    HostGroups g;
+    for (int r = 0; r < size; ++r) g.local.push_back(r);
+    g.cross = {rank};
+    g.max_local_size = size;
+    return g;
+  }
+
+  // From every rank's host key (Bootstrap::host_keys()); hosts in order of their first rank,
+  // like Bootstrap's cross ranks.
+  static HostGroups from_host_keys(const std::vector<std::string>& keys, int rank) {
+    HostGroups g;
+    g.known = true;
+    std::map<std::string, int> host_of;
+    std::vector<std::vector<int>> members;
+    for (int r = 0; r < static_cast<int>(keys.size()); ++r) {
+      const auto [it, added] =
+          host_of.emplace(keys[static_cast<std::size_t>(r)], static_cast<int>(members.size()));
+      if (added) members.emplace_back();
+      members[static_cast<std::size_t>(it->second)].push_back(r);
+    }
+    g.hosts = static_cast<int>(members.size());
+    const auto& mine =
+        members[static_cast<std::size_t>(host_of[keys[static_cast<std::size_t>(rank)]])];
+    g.local = mine;
+    const auto lr =
+        static_cast<std::size_t>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+    for (const auto& m : members) {
+      g.uniform = g.uniform && m.size() == mine.size();
+      g.max_local_size = std::max(g.max_local_size, static_cast<int>(m.size()));
+      if (lr < m.size()) g.cross.push_back(m[lr]);
+    }
+    return g;
+  }
+
+  int local_size() const { return static_cast<int>(local.size()); }
+};
+
+// cross(GroupView<T>& group, void* block, std::size_t count, ReduceOp op): an in-place allreduce
+// of `block` over `group` (op is never average: the division is done here, once).
+template <Transport T, class CrossAllreduce>
+void allreduce_hierarchical(T& t, const HostGroups& g, const void* in, void* out, std::size_t count,
+                            DataType dtype, ReduceOp op, CrossAllreduce&& cross,
+                            const AlgoOptions& opt) {
+  const std::size_t es = dtype_size(dtype);
+  const auto* src = static_cast<const std::byte*>(in);
+  auto* dst = static_cast<std::byte*>(out);
+  if (count == 0) return;
+  if (!g.uniform) {
+    throw Error("allreduce_hierarchical: hosts have different rank counts (use a flat algorithm)");
+  }
+  const int L = g.local_size();
+  const ReduceOp inner_op = op == ReduceOp::average ? ReduceOp::sum : op;
+  const ReduceSpec rs{reduce_function(dtype, inner_op), es};
+
+  GroupView<T> host(t, g.local);
+  const int lr = host.rank();
+  auto block = [&](int b) { return even_block(count, L, mod(b, L)); };
+
+  // 1. Reduce-scatter inside the host (ring_reduce_scatter's schedule on uneven blocks): at
+  //    stage s send block lr-s-1 and fold block lr-s-2 into out, so the last block folded is lr.
+  if (L == 1) {
+    if (src != dst) std::memcpy(dst, src, count * es);
+  } else {
+    std::vector<RingStage> stages;
+    for (int s = 0; s < L - 1; ++s) {
+      const BlockRange sb = block(lr - s - 1), rb = block(lr - s - 2);
+      stages.push_back({(s == 0 ? src : dst) + sb.begin * es, sb.count * es, dst + rb.begin * es,
+                        src + rb.begin * es, rb.count * es});
+    }
+    run_ring(host, stages, rs, opt, [](std::size_t, std::size_t, std::size_t) {});
+  }
+
+  // 2. Across hosts: shard lr, on the ranks holding the same block everywhere.
+  const BlockRange own = block(lr);
+  if (g.cross.size() > 1 && own.count > 0) {
+    GroupView<T> peers(t, g.cross);
+    cross(peers, static_cast<void*>(dst + own.begin * es), own.count, inner_op);
+  }
+  if (op == ReduceOp::average) finish_average(dst + own.begin * es, own.count, dtype, t.size());
+
+  // 3. Allgather inside the host (in place: our block already sits at its offset).
+  if (L > 1) {
+    std::vector<std::size_t> counts(static_cast<std::size_t>(L));
+    for (int b = 0; b < L; ++b) counts[static_cast<std::size_t>(b)] = block(b).count;
+    allgatherv_ring(host, dst + own.begin * es, dst, counts, es, opt);
+  }
+}
+
+}  // namespace kolo
