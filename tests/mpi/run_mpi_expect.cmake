@@ -1,0 +1,42 @@
+# run_mpi_expect.cmake — runs an mpirun job and checks how it ended: exit status (zero or
+# non-zero), output (a regex), and wall time (a job that "fails" only by running into a deadline
+# or the limit is a hang, not a pass).
+#
+#   cmake -DEXPECT=zero|nonzero -DREGEX=<regex> -DMAX_SECONDS=<s> -P run_mpi_expect.cmake -- cmd...
+set(_cmd "")
+set(_started OFF)
+math(EXPR _last "${CMAKE_ARGC} - 1")
+foreach(i RANGE ${_last})
+  if(_started)
+    list(APPEND _cmd "${CMAKE_ARGV${i}}")
+  elseif("${CMAKE_ARGV${i}}" STREQUAL "--")
+    set(_started ON)
+  endif()
+endforeach()
+if(NOT _cmd)
+  message(FATAL_ERROR "run_mpi_expect.cmake: no command after --")
+endif()
+
+math(EXPR _limit "${MAX_SECONDS} * 2")
+string(TIMESTAMP _t0 "%s" UTC)
+execute_process(COMMAND ${_cmd} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err
+                TIMEOUT ${_limit})
+string(TIMESTAMP _t1 "%s" UTC)
+math(EXPR _secs "${_t1} - ${_t0}")
+message("${_out}${_err}")
+message("-- exit status ${_rc} after ${_secs} s")
+if(NOT "${_rc}" MATCHES "^[0-9]+$")
+  message(FATAL_ERROR "the job did not end by itself: ${_rc}")
+endif()
+if(EXPECT STREQUAL "zero" AND NOT _rc EQUAL 0)
+  message(FATAL_ERROR "exit status ${_rc}, expected 0")
+endif()
+if(EXPECT STREQUAL "nonzero" AND _rc EQUAL 0)
+  message(FATAL_ERROR "exit status 0, expected a failure")
+endif()
+if(_secs GREATER ${MAX_SECONDS})
+  message(FATAL_ERROR "the job took ${_secs} s, more than ${MAX_SECONDS} s")
+endif()
+if(DEFINED REGEX AND NOT "${_out}${_err}" MATCHES "${REGEX}")
+  message(FATAL_ERROR "output does not match: ${REGEX}")
+endif()
