@@ -1,0 +1,284 @@
+// kolo/optim/distributed_optimizer.hpp — data-parallel training: average every parameter's
+// gradient across ranks through the Engine, then let a wrapped optimizer apply it.
+//
+// What Horovod's hvd.DistributedOptimizer does for PyTorch, for a C++ training loop:
+//
+//   auto comm = kolo::Communicator<>::from_env();
+//   const double lr = 0.02 * comm.size();       // the global batch is size times larger
+//   kolo::DistributedOptimizer opt(std::move(comm), kolo::SGD({.lr = lr, .momentum = 0.9}),
+//                                  params);     // std::vector<kolo::Parameter>
+//   opt.broadcast_parameters(0);                // every rank starts from rank 0's weights
+//   for (...) {
+//     model.backward(batch, [&](std::size_t i) { opt.gradient_ready(i); });
+//     opt.step();                               // wait for the averages, apply SGD
+//   }
+//
+// * Overlap. gradient_ready(p) enqueues p's gradient with the engine at once (no copy), so the
+//   allreduce of the last layers runs while the backward pass computes the first ones; the
+//   engine fuses whatever is ready together. step() waits for all of them, then steps.
+// * Averaging (op = average): prescale 1/f, postscale f, and the engine divides by size — the
+//   result is the mean over ranks for any f = gradient_predivide_factor. Dividing by f before the
+//   sum keeps fp16-compressed sums of many ranks from overflowing; f/size after restores scale.
+// * Accumulation (backward_passes_per_step = k): the gradient is added into a local buffer on each
+//   of k passes and allreduced on the k-th; with average_aggregated_gradients (default) the sum is
+//   also divided by k, so k passes over micro-batches of b samples give the same update as one
+//   pass over k·b samples. Each pass overwrites p.grad; the optimizer accumulates.
+// * Missing gradients: a parameter whose gradient_ready() was not called on this rank (a branch
+//   of the model that this rank's batch did not use) contributes zeros, submitted by step(), as
+//   Horovod does — the average still divides by the full size, and every rank applies the same
+//   update, so parameters never diverge. With k > 1, passes that did not produce a gradient
+//   count as zeros too.
+// * Broadcast: broadcast_parameters / broadcast_optimizer_state copy root's bytes to every rank.
+// * Compression: DistributedOptions::compression, else KOLO_COMPRESSION (EngineOptions) —
+//   gradients cross the wire as fp16/bf16, arithmetic and the optimizer stay fp32.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kolo/communicator.hpp"
+#include "kolo/compression/compressor.hpp"
+#include "kolo/core/error.hpp"
+#include "kolo/engine/engine.hpp"
+#include "kolo/optim/parameter.hpp"
+
+namespace kolo {
+
+struct DistributedOptions {
+  ReduceOp op = ReduceOp::average;           // average or sum
+  double gradient_predivide_factor = 1.0;    // average only: prescale 1/f, postscale f/size
+  int backward_passes_per_step = 1;          // k: allreduce every k-th backward pass
+  bool average_aggregated_gradients = true;  // divide the k passes' sum by k
+  // Wire format of the gradients; unset: KOLO_COMPRESSION. Only for an optimizer that builds its
+  // own engine — a shared engine's EngineOptions::compression decides for all its tensors.
+  std::optional<CompressionPolicy> compression;
+  // Prefix of the engine's tensor names: lets two optimizers share one engine.
+  std::string name_prefix = "kolo.optim/";
+};
+
+template <Optimizer Opt, Transport T = MeshTransport>
+class DistributedOptimizer {
+ public:
+  // Builds and owns an engine over `comm`.
+  DistributedOptimizer(Communicator<T> comm, Opt opt, std::vector<Parameter> params,
+                       DistributedOptions o = {}, EngineOptions eo = EngineOptions::from_env())
+      : opt_(std::move(opt)), params_(std::move(params)), opts_(std::move(o)) {
+    if (opts_.compression) eo.compression = *opts_.compression;
+    validate();
+    owned_ = std::make_unique<Engine<T>>(std::move(comm), std::move(eo));
+    engine_ = owned_.get();
+  }
+
+  // Shares `engine` (which must outlive this optimizer); its options decide compression.
+  DistributedOptimizer(Engine<T>& engine, Opt opt, std::vector<Parameter> params,
+                       DistributedOptions o = {})
+      : engine_(&engine), opt_(std::move(opt)), params_(std::move(params)), opts_(std::move(o)) {
+    if (opts_.compression) {
+      throw ConfigError(
+          "DistributedOptimizer: compression is set by the shared engine's "
+          "EngineOptions::compression (or KOLO_COMPRESSION), not by DistributedOptions");
+    }
+    validate();
+  }
+
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  // Gradients still in flight must not land in freed memory: an owned engine is shut down first
+  // (its pending operations fail at once, on every rank); with a shared engine this waits for
+  // them (they finish, or fail when a peer is lost or the engine shuts down).
+  ~DistributedOptimizer() {
+    owned_.reset();
+    for (Slot& s : slots_) {
+      if (!s.handle.valid()) continue;
+      try {
+        s.handle.wait();
+      } catch (...) {  // reported by step() to whoever still trains; nothing to add here
+      }
+    }
+  }
+
+  int rank() const { return engine_->rank(); }
+  int size() const { return engine_->size(); }
+  Engine<T>& engine() { return *engine_; }
+  Opt& optimizer() { return opt_; }
+  std::span<Parameter> parameters() { return params_; }
+  const DistributedOptions& options() const { return opts_; }
+
+  // The backward pass has written parameter i's gradient (of this micro-batch) into its grad
+  // span: accumulate it and, on the k-th pass, start its allreduce. The grad buffer belongs to
+  // the engine until step() returns. Thread-safe (a backward pass may report from any thread).
+  void gradient_ready(std::size_t i) {
+    std::lock_guard lock(mu_);
+    if (i >= params_.size()) {
+      throw ConfigError("DistributedOptimizer: no parameter " + std::to_string(i) + " (there are " +
+                        std::to_string(params_.size()) + ")");
+    }
+    Slot& s = slots_[i];
+    Parameter& p = params_[i];
+    const int k = opts_.backward_passes_per_step;
+    if (s.handle.valid()) {
+      throw Error("DistributedOptimizer: gradient of '" + p.name + "' reported more than " +
+                  "backward_passes_per_step = " + std::to_string(k) +
+                  " times before step(); call step() after every k backward passes");
+    }
+    ++s.passes;
+    if (k == 1) {
+      submit(i, p.grad);
+      return;
+    }
+    if (s.passes == 1) {
+      std::copy(p.grad.begin(), p.grad.end(), s.accum.begin());
+    } else {
+      for (std::size_t e = 0; e < p.grad.size(); ++e) s.accum[e] += p.grad[e];
+    }
+    if (s.passes == k) submit(i, s.accum);
+  }
+  void gradient_ready(std::string_view name) { gradient_ready(index_of(name)); }
+  // Every parameter's gradient at once (a backward pass that cannot report one by one).
+  void gradients_ready() {
+    for (std::size_t i = 0; i < params_.size(); ++i) gradient_ready(i);
+  }
+
+  // Submits zeros for every parameter that has no gradient in flight, then waits for all: on
+  // return every grad span holds the averaged gradient. Rethrows the engine's error, if any.
+  void synchronize() {
+    std::vector<Handle> handles;
+    {
+      std::lock_guard lock(mu_);
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        Slot& s = slots_[i];
+        if (s.handle.valid()) continue;
+        Parameter& p = params_[i];
+        if (opts_.backward_passes_per_step == 1) {
+          std::fill(p.grad.begin(), p.grad.end(), 0.0f);  // missing: contribute zeros
+          submit(i, p.grad);
+        } else {
+          // Passes that did not produce the gradient count as zeros; none did: all zeros.
+          if (s.passes == 0) std::fill(s.accum.begin(), s.accum.end(), 0.0f);
+          submit(i, s.accum);
+        }
+      }
+      for (Slot& s : slots_) {
+        handles.push_back(std::move(s.handle));
+        s.handle = Handle();
+        s.passes = 0;
+      }
+    }
+    for (Handle& h : handles) h.wait();
+  }
+
+  // synchronize(), then the wrapped optimizer's step on the averaged gradients.
+  void step() {
+    synchronize();
+    opt_.step(std::span<Parameter>(params_));
+  }
+
+  // Every rank's parameter values become root's, bit for bit (before training, after a restore).
+  void broadcast_parameters(int root = 0) {
+    require_idle("broadcast_parameters");
+    std::vector<Handle> hs;
+    for (Parameter& p : params_) {
+      hs.push_back(engine_->broadcast_async(opts_.name_prefix + "param/" + p.name,
+                                            TensorView(p.value), root));
+    }
+    for (Handle& h : hs) h.wait();
+  }
+
+  // Every rank's optimizer state (momentum buffers, step counters) becomes root's; state that
+  // does not exist yet is created (zeros) first, so this also works before the first step.
+  void broadcast_optimizer_state(int root = 0) requires StatefulOptimizer<Opt> {
+    require_idle("broadcast_optimizer_state");
+    std::vector<Handle> hs;
+    for (StateTensor& s : opt_.state(std::span<const Parameter>(params_))) {
+      hs.push_back(engine_->broadcast_async(opts_.name_prefix + "state/" + s.name, s.tensor, root));
+    }
+    for (Handle& h : hs) h.wait();
+  }
+
+ private:
+  struct Slot {
+    int passes = 0;
+    Handle handle;
+    std::vector<float> accum;  // k > 1: the sum of this step's passes
+  };
+
+  void validate() {
+    const auto& o = opts_;
+    if (o.op != ReduceOp::average && o.op != ReduceOp::sum) {
+      throw ConfigError("DistributedOptimizer: op must be average or sum");
+    }
+    if (!(o.gradient_predivide_factor > 0.0)) {
+      throw ConfigError("DistributedOptimizer: gradient_predivide_factor must be positive, got " +
+                        std::to_string(o.gradient_predivide_factor));
+    }
+    if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::average) {
+      throw ConfigError("DistributedOptimizer: gradient_predivide_factor needs op = average");
+    }
+    if (o.backward_passes_per_step < 1) {
+      throw ConfigError("DistributedOptimizer: backward_passes_per_step must be >= 1, got " +
+                        std::to_string(o.backward_passes_per_step));
+    }
+    slots_.resize(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const Parameter& p = params_[i];
+      if (p.grad.size() != p.value.size()) {
+        throw ConfigError("DistributedOptimizer: parameter '" + p.name + "' has " +
+                          std::to_string(p.value.size()) + " values but " +
+                          std::to_string(p.grad.size()) + " gradients");
+      }
+      if (!index_.emplace(p.name, i).second) {
+        throw ConfigError("DistributedOptimizer: two parameters are named '" + p.name + "'");
+      }
+      if (o.backward_passes_per_step > 1) slots_[i].accum.assign(p.value.size(), 0.0f);
+    }
+  }
+
+  std::size_t index_of(std::string_view name) const {
+    auto it = index_.find(std::string(name));
+    if (it == index_.end()) {
+      throw ConfigError("DistributedOptimizer: no parameter named '" + std::string(name) + "'");
+    }
+    return it->second;
+  }
+
+  // Allreduces `src` into parameter i's grad span (in place when src is the grad itself).
+  void submit(std::size_t i, std::span<float> src) {
+    Parameter& p = params_[i];
+    const double k = opts_.average_aggregated_gradients ? opts_.backward_passes_per_step : 1;
+    const double f = opts_.op == ReduceOp::average ? opts_.gradient_predivide_factor : 1.0;
+    slots_[i].handle =
+        engine_->allreduce_async(opts_.name_prefix + "grad/" + p.name, TensorView(src), opts_.op,
+                                 1.0 / (f * k), f, TensorView(p.grad));
+  }
+
+  void require_idle(const char* what) {
+    std::lock_guard lock(mu_);
+    for (const Slot& s : slots_) {
+      if (s.handle.valid() || s.passes > 0) {
+        throw Error(std::string("DistributedOptimizer: ") + what +
+                    " while gradients are pending; call step() first");
+      }
+    }
+  }
+
+  std::unique_ptr<Engine<T>> owned_;
+  Engine<T>* engine_ = nullptr;
+  Opt opt_;
+  std::vector<Parameter> params_;
+  DistributedOptions opts_;
+  std::vector<Slot> slots_;
+  std::unordered_map<std::string, std::size_t> index_;
+  std::mutex mu_;
+};
+
+}  // namespace kolo

@@ -1,0 +1,8 @@
+// kolo/optim/optim.hpp — data-parallel training in one include: the Parameter and Optimizer
+// concepts, the SGD and Adam reference optimizers, and DistributedOptimizer.
+#pragma once
+
+#include "kolo/optim/adam.hpp"
+#include "kolo/optim/distributed_optimizer.hpp"
+#include "kolo/optim/parameter.hpp"
+#include "kolo/optim/sgd.hpp"
