@@ -1,0 +1,147 @@
+// bench_impl_kolo.hpp — kolo-bench's `--impl kolo` over any transport: kolo::Communicator<T>.
+//
+// One template for every route: MeshTransport (shm, tcp, routed; KOLO_TRANSPORT, under kolo-run,
+// bench_impl_kolo.cpp) and MpiTransport / MpiNativeTransport (under mpirun,
+// bench_impl_kolo_mpi.cpp, built only with MPI).
+//
+// `--algo` forces the Selector's choice for allreduce and broadcast (every rank makes the same
+// call, as Communicator::selector() requires); `--compression fp16|bf16` runs the engine's
+// compressed path for one tensor: compress into a 16-bit wire buffer, allreduce that, decompress
+// (with an average's 1/n) into the output — the library's own Compressor kernels, all timed.
+#pragma once
+
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+
+#include <kolo/algorithm/selector.hpp>
+#include <kolo/communicator.hpp>
+#include <kolo/compression/compressor.hpp>
+#include <kolo/kolo.hpp>
+
+#include "bench_impl.hpp"
+
+namespace kolo::bench {
+
+template <Transport T>
+class KoloImpl final : public Impl {
+ public:
+  KoloImpl(Communicator<T> comm, const KoloConfig& cfg, std::string route)
+      : comm_(std::move(comm)),
+        cfg_(cfg),
+        route_(std::move(route)),
+        compression_(CompressionPolicy::parse(cfg.compression)) {
+    // Validated by the command line already; here the choice is applied.
+    if (cfg_.coll == Coll::allreduce) {
+      if (auto a = parse_allreduce_algorithm(cfg_.algo)) comm_.selector().force_allreduce(*a);
+    } else if (cfg_.coll == Coll::broadcast) {
+      if (auto a = parse_broadcast_algorithm(cfg_.algo)) comm_.selector().force_broadcast(*a);
+    }
+  }
+
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+
+  std::vector<std::string> describe() const override {
+    const CommunicatorOptions co = CommunicatorOptions::from_env();
+    return {
+        std::string("impl: kolo ") + kolo::version + ", Communicator over " + route_,
+        "topology: hosts " + std::to_string(comm_.cross_size()) + ", local ranks " +
+            std::to_string(comm_.local_size()) + ", hardware threads " +
+            std::to_string(std::thread::hardware_concurrency()),
+        "algorithm: --algo " + cfg_.algo +
+            "; allreduce and broadcast per size by the Selector: " + comm_.selector().describe() +
+            "; allgather/reduce_scatter ring, alltoall pairwise; segment " +
+            std::to_string(co.segment_bytes) + " B",
+        "compression: " + std::string(compression_.name) +
+            (compression_.enabled() ? " (compress -> allreduce on the 16-bit wire -> "
+                                      "decompress, timed; tolerance 2^-10 fp16, 2^-7 bf16 relative)"
+                                    : ""),
+    };
+  }
+
+  std::optional<std::string> unsupported(const OpSpec& spec, bool in_place) const override {
+    if (spec.coll == Coll::alltoall && in_place && size() > 1) {
+      return "in-place alltoall is not supported by kolo";
+    }
+    return std::nullopt;
+  }
+
+  BoundOp bind(const OpSpec& s, void* in, void* out, bool in_place) override {
+    const auto n = static_cast<std::size_t>(size());
+    const DataType t = s.dtype;
+    Communicator<T>* c = &comm_;
+    switch (s.coll) {
+      case Coll::allreduce:
+        if (compression_.enabled()) return bind_compressed(s, in, out);
+        return {
+            [=] { c->allreduce(TensorView(in, s.count, t), TensorView(out, s.count, t), s.op); },
+            out};
+      case Coll::allgather:
+        return {[=] { c->allgather(TensorView(in, s.count / n, t), TensorView(out, s.count, t)); },
+                out};
+      case Coll::broadcast: {
+        // kolo's broadcast is in place; out-of-place is what a caller would write: the root
+        // copies its input into the output buffer first (timed).
+        const std::size_t bytes = s.count * dtype_size(t);
+        const bool copy = !in_place && rank() == s.root;
+        return {[=] {
+                  if (copy) std::memcpy(out, in, bytes);
+                  c->broadcast(TensorView(out, s.count, t), s.root);
+                },
+                out};
+      }
+      case Coll::reduce_scatter:
+        return {[=] {
+                  c->reduce_scatter(TensorView(in, s.count, t), TensorView(out, s.count / n, t),
+                                    s.op);
+                },
+                out};
+      case Coll::alltoall:
+        return {[=] { c->alltoall(TensorView(in, s.count, t), TensorView(out, s.count, t)); }, out};
+    }
+    throw std::logic_error("unknown collective");
+  }
+
+  std::string last_algorithm() const override {
+    if (cfg_.coll == Coll::allreduce) return algorithm_name(comm_.last_allreduce_algorithm());
+    if (cfg_.coll == Coll::broadcast) return algorithm_name(comm_.last_broadcast_algorithm());
+    return {};
+  }
+
+  double tolerance() const override {
+    if (!compression_.enabled()) return 0.0;
+    return compression_.wire == DataType::bfloat16 ? 1.0 / 128 : 1.0 / 1024;
+  }
+
+  double sum_over_ranks(double v) override {
+    comm_.allreduce(std::span<double>(&v, 1), ReduceOp::sum);
+    return v;
+  }
+
+  void barrier() override { comm_.barrier(); }
+
+ private:
+  BoundOp bind_compressed(const OpSpec& s, void* in, void* out) {
+    const CompressionPolicy pol = compression_;
+    std::shared_ptr<std::byte[]> wire(new std::byte[s.count * dtype_size(pol.wire)]);
+    const float post = s.op == ReduceOp::average ? 1.0f / static_cast<float>(size()) : 1.0f;
+    Communicator<T>* c = &comm_;
+    const std::size_t count = s.count;
+    return {[=] {
+              pol.compress(static_cast<const float*>(in), wire.get(), count, 1.0f);
+              c->allreduce(TensorView(wire.get(), count, pol.wire), ReduceOp::sum);
+              pol.decompress(wire.get(), static_cast<float*>(out), count, post);
+            },
+            out};
+  }
+
+  Communicator<T> comm_;
+  KoloConfig cfg_;
+  std::string route_;
+  CompressionPolicy compression_;
+};
+
+}  // namespace kolo::bench

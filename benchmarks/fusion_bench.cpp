@@ -1,0 +1,206 @@
+// kolo-fusion-bench — the fusion target of BENCHMARKS.md: many small gradients through
+// kolo::Engine (negotiation + fusion) against one allreduce of the same total size.
+//
+//   kolo-run -np 2 kolo-fusion-bench [--tensors 1024] [--tensor-bytes 4K] [-n 20] [-w 3]
+//                                    [--transport shm|tcp|routed] [-J file]
+//
+// Three timings, each a mean per step after warm-up, averaged across ranks:
+//   one      one tensors x tensor-bytes float32 allreduce through Communicator (the reference)
+//   engine1  the same single tensor through the Engine (enqueue, wait)
+//   fused    `tensors` tensors of tensor-bytes each, all enqueued, then all waited for: the
+//            engine's steady state (cached negotiation, fusion into one collective)
+// and the ratio fused / one (target <= 1.3). The results are checked after the timed steps
+// (exact small-integer sums). Exit 1 on a wrong element, 2 on bad arguments.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <kolo/engine/engine.hpp>
+#include <kolo/kolo.hpp>
+
+namespace {
+
+struct Args {
+  std::size_t tensors = 1024;
+  std::size_t tensor_bytes = 4096;
+  long iters = 20;
+  long warmup = 3;
+  std::string transport;
+  std::string json;
+};
+
+constexpr const char* kUsage =
+    "Usage: kolo-fusion-bench [--tensors N] [--tensor-bytes SIZE] [-n ITERS] [-w WARMUP]\n"
+    "                         [--transport shm|tcp|routed] [-J FILE]   (under kolo-run)\n";
+
+std::size_t parse_bytes(const std::string& s) {
+  std::size_t pos = 0;
+  const unsigned long long v = std::stoull(s, &pos);
+  const std::string suf = s.substr(pos);
+  if (suf.empty()) return v;
+  if (suf == "K" || suf == "k") return v << 10;
+  if (suf == "M" || suf == "m") return v << 20;
+  throw std::invalid_argument("size suffix");
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument(k + " needs a value");
+    const std::string v = argv[++i];
+    if (k == "--tensors") {
+      a.tensors = std::stoul(v);
+    } else if (k == "--tensor-bytes") {
+      a.tensor_bytes = parse_bytes(v);
+    } else if (k == "-n") {
+      a.iters = std::stol(v);
+    } else if (k == "-w") {
+      a.warmup = std::stol(v);
+    } else if (k == "--transport") {
+      if (v != "shm" && v != "tcp" && v != "routed") throw std::invalid_argument(v);
+      a.transport = v;
+    } else if (k == "-J") {
+      a.json = v;
+    } else {
+      throw std::invalid_argument("unknown option " + k);
+    }
+  }
+  if (a.tensors == 0 || a.tensor_bytes < sizeof(float) || a.iters < 1 || a.warmup < 0) {
+    throw std::invalid_argument("counts must be positive");
+  }
+  return a;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Small integers: every sum over the ranks is exact in float32.
+void fill(std::vector<float>& v, int rank) {
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i + 3 * rank) % 7);
+}
+
+std::size_t count_wrong(const std::vector<float>& v, int n) {
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    float expect = 0;
+    for (int r = 0; r < n; ++r) expect += static_cast<float>((i + 3 * r) % 7);
+    wrong += v[i] != expect;
+  }
+  return wrong;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  try {
+    a = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kolo-fusion-bench: %s\n%s", e.what(), kUsage);
+    return 2;
+  }
+  if (!a.transport.empty()) ::setenv("KOLO_TRANSPORT", a.transport.c_str(), 1);
+  try {
+    // Two communicators (each its own rendezvous prefix): the reference, and the engine's.
+    auto ref = kolo::Communicator<>::from_env();
+    kolo::Engine<> engine(kolo::Communicator<>::from_env());
+    const int n = ref.size();
+    const int me = ref.rank();
+    const std::size_t per = a.tensor_bytes / sizeof(float);
+    const std::size_t total = per * a.tensors;
+    auto mean_us = [&](double secs, long iters) {
+      double us = secs / static_cast<double>(iters) * 1e6;
+      ref.allreduce(std::span<double>(&us, 1), kolo::ReduceOp::sum);
+      return us / n;
+    };
+
+    // one: Communicator allreduce of the whole size.
+    std::vector<float> big(total);
+    fill(big, me);
+    for (long i = 0; i < a.warmup; ++i) ref.allreduce(std::span<float>(big));
+    ref.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    for (long i = 0; i < a.iters; ++i) ref.allreduce(std::span<float>(big));
+    const double one_us = mean_us(seconds_since(t0), a.iters);
+
+    // engine1: the same tensor through the engine.
+    for (long i = 0; i < a.warmup; ++i) {
+      engine.allreduce_async("big", kolo::TensorView(std::span<float>(big))).wait();
+    }
+    ref.barrier();
+    t0 = std::chrono::steady_clock::now();
+    for (long i = 0; i < a.iters; ++i) {
+      engine.allreduce_async("big", kolo::TensorView(std::span<float>(big))).wait();
+    }
+    const double engine1_us = mean_us(seconds_since(t0), a.iters);
+
+    // fused: many small tensors per step.
+    std::vector<std::vector<float>> grads(a.tensors, std::vector<float>(per));
+    std::vector<std::string> names;
+    for (std::size_t k = 0; k < a.tensors; ++k) names.push_back("grad." + std::to_string(k));
+    std::vector<kolo::Handle> handles(a.tensors);
+    auto step = [&] {
+      for (std::size_t k = 0; k < a.tensors; ++k) {
+        handles[k] = engine.allreduce_async(names[k], kolo::TensorView(std::span<float>(grads[k])));
+      }
+      for (auto& h : handles) h.wait();
+    };
+    for (long i = 0; i < a.warmup; ++i) step();
+    const kolo::EngineStats before = engine.stats();
+    ref.barrier();
+    t0 = std::chrono::steady_clock::now();
+    for (long i = 0; i < a.iters; ++i) step();
+    const double fused_us = mean_us(seconds_since(t0), a.iters);
+    const kolo::EngineStats after = engine.stats();
+    const double collectives_per_step =
+        static_cast<double>(after.fused_collectives - before.fused_collectives) /
+        static_cast<double>(a.iters);
+
+    // Check: fresh inputs, one more of each, exact sums.
+    std::size_t wrong = 0;
+    fill(big, me);
+    ref.allreduce(std::span<float>(big));
+    wrong += count_wrong(big, n);
+    fill(big, me);
+    engine.allreduce_async("big", kolo::TensorView(std::span<float>(big))).wait();
+    wrong += count_wrong(big, n);
+    for (auto& g : grads) fill(g, me);
+    step();
+    for (const auto& g : grads) wrong += count_wrong(g, n);
+    double w = static_cast<double>(wrong);
+    ref.allreduce(std::span<double>(&w, 1), kolo::ReduceOp::sum);
+
+    if (me == 0) {
+      const char* route = std::getenv("KOLO_TRANSPORT");
+      std::printf("# kolo-fusion-bench: %zu tensors x %zu B float32 sum vs one %zu B allreduce\n",
+                  a.tensors, a.tensor_bytes, total * sizeof(float));
+      std::printf("# ranks %d, transport %s, iters %ld, warmup %ld; time = mean per step, "
+                  "averaged across ranks\n",
+                  n, route ? route : "routed", a.iters, a.warmup);
+      std::printf("%-44s %12.1f us\n", "one allreduce (Communicator)", one_us);
+      std::printf("%-44s %12.1f us\n", "one tensor through the Engine", engine1_us);
+      std::printf("%-44s %12.1f us  (%.1f collectives per step)\n", "fused: all tensors, Engine",
+                  fused_us, collectives_per_step);
+      std::printf("# fused / one : %.3f (target <= 1.3)\n", fused_us / one_us);
+      std::printf("# Out of bounds values : %.0f %s\n", w, w > 0 ? "FAILED" : "OK");
+      if (!a.json.empty()) {
+        std::ofstream f(a.json);
+        f << "{\"tool\": \"kolo-fusion-bench\", \"ranks\": " << n << ", \"transport\": \""
+          << (route ? route : "routed") << "\", \"tensors\": " << a.tensors
+          << ", \"tensor_bytes\": " << a.tensor_bytes << ", \"one_us\": " << one_us
+          << ", \"engine_one_us\": " << engine1_us << ", \"fused_us\": " << fused_us
+          << ", \"collectives_per_step\": " << collectives_per_step
+          << ", \"ratio\": " << fused_us / one_us << ", \"wrong\": " << w << "}\n";
+      }
+    }
+    return w > 0 ? 1 : 0;
+  } catch (const kolo::Error& e) {
+    std::fprintf(stderr, "kolo-fusion-bench: %s: %s\n", kolo::error_kind_name(e.kind()), e.what());
+    return 1;
+  }
+}
