@@ -2,7 +2,7 @@
 //   * 1024 tensors x 4 KiB through the engine vs one 4 MiB allreduce (target <= 1.3x)
 //   * negotiation cost per cycle with the response cache vs without (KOLO_CACHE_CAPACITY=0)
 //   * timeline on vs off
-// Run: kolo-run -np N engine_bench [tensors] [bytes_per_tensor] [steps]
+// Run: kolo-run -np N kolo-engine-bench [tensors] [bytes_per_tensor] [steps]
 // Prints one JSON line per measurement on rank 0.
 #include <chrono>
 #include <cstdio>
