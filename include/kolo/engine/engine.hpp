@@ -273,6 +273,7 @@ class Engine {
           });
         }
         const auto r = cycle();
+        if (timeline_.enabled()) timeline_.publish();  // this cycle's events to the writer
         if (r == CycleResult::stop) break;
         busy = r == CycleResult::progress;
       }
