@@ -225,6 +225,46 @@ TEST_CASE("compression: the F16C path and the scalar path agree bit for bit") {
 #endif
 }
 
+TEST_CASE("compression: the AVX2 bfloat16 path and the scalar path agree bit for bit") {
+#ifdef KOLO_HAVE_F16C_DISPATCH
+  if (!kolo::detail::cpu_has_avx2()) {
+    MESSAGE("this CPU has no AVX2: only the scalar path runs");
+    return;
+  }
+  std::mt19937 rng(12);
+  auto x = any_bits(rng, 1 << 20);  // NaNs, infinities, subnormals, every exponent
+  const auto more = log_uniform(rng, 1 << 18, 0x1p-130, 1e30);
+  x.insert(x.end(), more.begin(), more.end());
+  x.push_back(std::bit_cast<float>(0x3f808000u));  // ties: round to even, both ways
+  x.push_back(std::bit_cast<float>(0x3f818000u));
+  x.push_back(std::bit_cast<float>(0x7f7fffffu));  // rounds up to Inf
+  for (float scale : {1.0f, 0.125f, 3.0f}) {
+    CAPTURE(scale);
+    std::vector<std::uint16_t> hw(x.size());
+    kolo::detail::f32_to_bf16_avx2(x.data(), hw.data(), x.size(), scale);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const std::uint16_t sw = kolo::detail::float_to_bfloat16_bits(x[i] * scale);
+      if (hw[i] != sw && differ++ < 5) {
+        FAIL_CHECK("x = " << x[i] << ": AVX2 " << hw[i] << ", scalar " << sw);
+      }
+    }
+    CHECK(differ == 0);
+  }
+  std::vector<std::uint16_t> all(65536 + 5);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i);
+  std::vector<float> hw(all.size());
+  kolo::detail::bf16_to_f32_avx2(all.data(), hw.data(), all.size(), 1.0f);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    differ += !same_value(hw[i], kolo::detail::bfloat16_bits_to_float(all[i]));
+  }
+  CHECK(differ == 0);
+#else
+  MESSAGE("no AVX2 dispatch on this platform: only the scalar path runs");
+#endif
+}
+
 TEST_CASE("compression: bf16 round trip within 2^-8 relative, subnormals, Inf and NaN") {
   std::mt19937 rng(13);
   for (auto [lo, hi] : {std::pair{0x1p-126, 0x1p127}, std::pair{0x1p-149, 0x1p-126},

@@ -162,6 +162,53 @@ inline bool reduce_cpu_has_f16c() noexcept {
   return has;
 #endif
 }
+
+// bfloat16 with AVX2: widening is a 16-bit shift, narrowing rounds to nearest even on the
+// dropped 16 bits and keeps NaNs quiet — bit for bit detail::float_to_bfloat16_bits.
+[[gnu::target("avx2")]] inline __m256 bf16x8_to_f32x8(const std::uint16_t* p) noexcept {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+[[gnu::target("avx2")]] inline void f32x8_to_bf16x8(__m256 v, std::uint16_t* p) noexcept {
+  const __m256i x = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(x, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+  const __m256i absx = _mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff));
+  const __m256i nan = _mm256_cmpgt_epi32(absx, _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(x, _mm256_set1_epi32(0x00400000));
+  const __m256i r = _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
+  const __m128i packed =
+      _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+template <class Op>
+[[gnu::target("avx2")]] std::size_t reduce_bf16_avx2(bfloat16* dst, const bfloat16* a,
+                                                     const bfloat16* b, std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 fa = bf16x8_to_f32x8(reinterpret_cast<const std::uint16_t*>(a + i));
+    const __m256 fb = bf16x8_to_f32x8(reinterpret_cast<const std::uint16_t*>(b + i));
+    __m256 r;
+    if constexpr (std::is_same_v<Op, OpSum>)
+      r = _mm256_add_ps(fa, fb);
+    else if constexpr (std::is_same_v<Op, OpProd>)
+      r = _mm256_mul_ps(fa, fb);
+    else if constexpr (std::is_same_v<Op, OpMin>)
+      r = _mm256_min_ps(fb, fa);
+    else
+      r = _mm256_max_ps(fb, fa);
+    f32x8_to_bf16x8(r, reinterpret_cast<std::uint16_t*>(dst + i));
+  }
+  return i;
+}
+inline bool cpu_has_avx2() noexcept {
+#if defined(__AVX2__)
+  return true;
+#else
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+#endif
+}
 #endif
 
 // 16-bit floats: widen to float, reduce, round back (round-to-nearest-even).
@@ -171,6 +218,8 @@ void reduce_half(H* dst, const H* a, const H* b, std::size_t n) noexcept {
 #ifdef KOLO_REDUCE_F16C
   if constexpr (std::is_same_v<H, float16>) {
     if (reduce_cpu_has_f16c()) i = reduce_f16_f16c<Op>(dst, a, b, n);
+  } else if constexpr (std::is_same_v<H, bfloat16>) {
+    if (cpu_has_avx2()) i = reduce_bf16_avx2<Op>(dst, a, b, n);
   }
 #endif
   for (; i < n; ++i) {  // memcpy: operands may be misaligned (see reduce_native)
