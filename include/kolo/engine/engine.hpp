@@ -273,6 +273,7 @@ class Engine {
           });
         }
         const auto r = cycle();
+        notify_completed();  // nothing marked done stays unannounced past a cycle
         if (timeline_.enabled()) timeline_.publish();  // this cycle's events to the writer
         if (r == CycleResult::stop) break;
         busy = r == CycleResult::progress;
@@ -608,8 +609,10 @@ class Engine {
           done[j] = true;
         }
         run_allreduce(responses, batch, bytes);
+        notify_completed();
       }
     }
+    notify_completed();
   }
 
   // The local tensor for a response, or a zero tensor when this rank has joined.
@@ -773,12 +776,18 @@ class Engine {
     if (it != pending_.end()) complete(r.name, nullptr);
   }
 
+  // Marks the handle done; its waiters are woken by notify_completed(), once per batch.
   void complete(const Response& r, std::exception_ptr err) {
     if (!r.local) return;
     auto h = r.local->handle;
     if (r.local->cache_slot >= 0) slot_pending_[static_cast<std::size_t>(r.local->cache_slot)] = 0;
     pending_.erase(r.name);
-    h->finish(std::move(err));
+    h->mark(std::move(err));
+    completed_.push_back(std::move(h));
+  }
+  void notify_completed() {
+    for (auto& h : completed_) h->notify();
+    completed_.clear();
   }
 
   void complete(const std::string& name, std::exception_ptr err) {
@@ -852,7 +861,10 @@ class Engine {
     for (auto& w : waiters) w->finish(err);
   }
 
-  void fail_everything(std::exception_ptr err) { fail_pending(std::move(err)); }
+  void fail_everything(std::exception_ptr err) {
+    notify_completed();  // those already done keep their result
+    fail_pending(std::move(err));
+  }
 
   static double seconds_since(clock::time_point t) {
     return std::chrono::duration<double>(clock::now() - t).count();
@@ -872,6 +884,7 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::pair<std::string, Local>> inbox_;
+  std::vector<std::shared_ptr<detail::HandleState>> completed_;  // marked done, not yet woken
   std::vector<std::shared_ptr<detail::HandleState>> join_waiters_;
   bool shutdown_requested_ = false;
   std::exception_ptr dead_;

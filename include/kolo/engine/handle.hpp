@@ -28,13 +28,19 @@ struct HandleState {
   TensorView output;
 
   void finish(std::exception_ptr e = nullptr) {
-    {
-      std::lock_guard lock(mu);
-      done = true;
-      error = std::move(e);
-    }
-    cv.notify_all();
+    mark(std::move(e));
+    notify();
   }
+  // finish() in two halves: the engine marks every handle of a fused batch done first and wakes
+  // their waiters afterwards. Waking each in turn let a waiting thread run between completions
+  // (on a busy host it preempts the engine) and block again on the next handle, a context
+  // switch per tensor.
+  void mark(std::exception_ptr e = nullptr) {
+    std::lock_guard lock(mu);
+    done = true;
+    error = std::move(e);
+  }
+  void notify() { cv.notify_all(); }
 };
 
 }  // namespace detail
