@@ -6,9 +6,11 @@
 # Knobs (environment): CI_JOBS (default 2: CI machines have 2 cores and tests run 8 ranks),
 # CI_BUILD_DIR (default build-ci), CI_BUILD_TYPE (default Release), KOLO_TIMEOUT_SECONDS
 # (default 30), CI_CTEST_ARGS (extra ctest arguments, e.g. "-L package" or "-E mp/"),
-# CI_FUZZ_SECONDS (default 30: how long each libFuzzer target runs in CTest, label "fuzz"),
-# KOLO_CI_SANITIZERS (default 0: after the main tests, build and run the CI-sized ASan+UBSan and
-# TSan suites of CMakePresets.json (asan-ci, tsan-ci) in build-asan and build-tsan; 0 skips them).
+# CI_FUZZ_SECONDS (default 0: each libFuzzer target in CTest, label "fuzz", replays its corpus and
+# runs a fixed number of inputs from a fixed seed; N > 0 runs each for N seconds instead),
+# KOLO_CI_SANITIZERS (default 1: after the main tests, build and run the CI-sized ASan+UBSan and
+# TSan suites of CMakePresets.json (asan-ci, tsan-ci: the multi-process suite, about 15 min
+# together on 2 cores) in build-asan and build-tsan; 0 skips them).
 # With the sanitizers on, the exit code is the first non-zero of the main run and the suites.
 set -euo pipefail
 
@@ -41,7 +43,7 @@ section "configure ($build_type) into $build_dir"
 # -O2: the level the suite is developed and timed at (Release defaults to -O3).
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" \
   -DCMAKE_CXX_FLAGS_RELEASE="${CI_CXX_FLAGS_RELEASE:--O2 -DNDEBUG}" \
-  -DKOLO_FUZZ_SECONDS="${CI_FUZZ_SECONDS:-30}"
+  -DKOLO_FUZZ_SECONDS="${CI_FUZZ_SECONDS:-0}"
 
 section "build"
 cmake --build "$build_dir" -j "$jobs"
@@ -57,7 +59,7 @@ set -e
 # --- sanitizers: a CI-sized subset (CMakePresets.json, asan-ci / tsan-ci), own build dirs ---
 sanitizers=()
 sanitizer_rcs=()
-if [[ ${KOLO_CI_SANITIZERS:-0} != 0 ]]; then
+if [[ ${KOLO_CI_SANITIZERS:-1} != 0 ]]; then
   for preset in asan tsan; do
     section "sanitizers: $preset (presets $preset / $preset-ci)"
     started=$SECONDS

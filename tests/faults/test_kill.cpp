@@ -7,8 +7,10 @@
 // reduce_scatter, alltoall, barrier; 0..256K elements) and checks every element; the driver
 // kills a random rank a random 0..400 ms after all ranks entered the loop (harness.hpp).
 //
-// CI size: KOLO_FAULT_TRIALS (default 20) trials per transport, KOLO_FAULT_PARALLEL (default 2)
-// jobs at a time; tests/faults/nightly_kill.sh runs many more. KOLO_FAULT_SEED replays a run
+// CI size: KOLO_FAULT_TRIALS (default 25) trials per transport, KOLO_FAULT_PARALLEL (default 2)
+// jobs at a time: with faults/netns/sigkill_routed's 12, 62 per CI run, and the 50 here alone
+// meet issue 10's "at least 50" where namespaces cannot be made. tests/faults/nightly_kill.sh
+// runs many more. KOLO_FAULT_SEED replays a run
 // (the seed of each trial is printed with a failure).
 #include "harness.hpp"
 
@@ -18,7 +20,7 @@ namespace {
 
 void kill_trials(const char* transport, int np_min, int np_max) {
   const std::uint64_t seed = base_seed();
-  const long trials = env_long("KOLO_FAULT_TRIALS", 20);
+  const long trials = env_long("KOLO_FAULT_TRIALS", 25);
   const int parallel = static_cast<int>(env_long("KOLO_FAULT_PARALLEL", 2));
   MESSAGE("KOLO_FAULT_SEED=" << seed);
   std::vector<KillTrialSpec> specs;

@@ -193,6 +193,9 @@ def mesh_seeds():
          + data(1, 65535) * 5),
         ("lying-length", header(op(RECV, "u8", 64)) + begin(0) + data(0, 64, extra=9)),
         ("abort", header(op(RECV, "f32", 10)) + abort(4, 3, "collective mismatch: test")),
+        # A peer's timeout (kind 2) is forwarded as a TimeoutError at once, not a hang; a NUL in
+        # the reason must not cut the message short (regress-forwarded-timeout-nul found both).
+        ("abort-timeout-nul", header(op(RECV, "f16", 40000)) + abort(2, 0, "timed out\0 here")),
         ("abort-mid", header(op(RECV, "u8", 100)) + begin(0) + data(0, 50) + abort(3, 1, "gone")),
         ("abort-short", header(op(RECV, "u8", 1)) + raw(struct.pack("<II", 0x4B4C0003, 4) + b"ab")),
         ("abort-huge", header(op(RECV, "u8", 1)) + raw(struct.pack("<II", 0x4B4C0003, 1 << 20))),

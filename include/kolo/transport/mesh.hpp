@@ -58,7 +58,6 @@
 #include "kolo/topology/bootstrap.hpp"
 #include "kolo/transport/transport.hpp"
 
-
 namespace kolo {
 
 enum class Route : std::uint8_t { self, shm, tcp };
@@ -704,7 +703,13 @@ class MeshTransport {
 
   [[noreturn]] void throw_remote(ErrorKind kind, int origin, const std::string& reason) {
     abort_origin_ = origin;
+    // The reason comes off the wire: a NUL in it would cut what() short (losing the tag below)
+    // and control bytes would garble logs, so they are shown as '?'.
     std::string msg = reason;
+    for (char& c : msg) {
+      const auto u = static_cast<unsigned char>(c);
+      if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7f) c = '?';
+    }
     const std::string tag = "[reported by rank " + std::to_string(origin) + "]";
     if (msg.find("[reported by rank") == std::string::npos) msg += " " + tag;
     throw_error(kind, msg);
@@ -926,8 +931,8 @@ class MeshTransport {
     for (;;) {  // drain what the kernel still holds, up to the buffer's room
       if (peer.rx_beg == peer.rx_end) peer.rx_beg = peer.rx_end = 0;
       if (peer.rx_end == peer.rx.size()) break;
-      const ssize_t k = ::recv(peer.fd, peer.rx.data() + peer.rx_end,
-                               peer.rx.size() - peer.rx_end, MSG_DONTWAIT);
+      const ssize_t k =
+          ::recv(peer.fd, peer.rx.data() + peer.rx_end, peer.rx.size() - peer.rx_end, MSG_DONTWAIT);
       if (k > 0) {
         peer.rx_end += static_cast<std::size_t>(k);
         continue;
@@ -1065,8 +1070,8 @@ class MeshTransport {
       if (avail > 0) {
         std::size_t n = std::min(avail, want);
         if (reduce) n = n / op.rs.elem_size * op.rs.elem_size;  // whole elements only
-        if (n == 0) {  // a partial element: fetch the rest
-          if (peer.rx_end == peer.rx.size()) tcp_fill(peer);  // compacts
+        if (n == 0) {                                           // a partial element: fetch the rest
+          if (peer.rx_end == peer.rx.size()) tcp_fill(peer);    // compacts
           if (!need_more()) return;
           continue;
         }
@@ -1207,7 +1212,7 @@ class MeshTransport {
       }
       waiting += (waiting.empty() ? "" : ", ") + peer_desc(p);
     }
- char to[32];
+    char to[32];
     std::snprintf(to, sizeof(to), "%g", timeout_);
     return "rank " + std::to_string(rank_) + " timed out in " + (what.empty() ? "a wait" : what) +
            " after " + to + " s waiting for " + (waiting.empty() ? "nothing" : waiting) +
