@@ -244,8 +244,11 @@ cmd_selftest() {
   expect_line "TCP ${prefix}-h2 -> ${prefix}-h1" "$got" from-h1 || failed=1
 
   # host 1 -> a server in the root namespace listening on 0.0.0.0, as kolo-run's store does.
-  serve_once 0.0.0.0 47002 from-root &
-  got=$(ip netns exec "${prefix}-h1" bash -c "$(declare -f fetch_line); fetch_line ${SUBNET}.1 47002") || true
+  # The root namespace is shared with every other test: a fixed port inside the ephemeral range
+  # (32768-60999) can be taken by anyone's connection, so pick one below it, per process.
+  local root_port=$((20000 + $$ % 10000))
+  serve_once 0.0.0.0 "$root_port" from-root &
+  got=$(ip netns exec "${prefix}-h1" bash -c "$(declare -f fetch_line); fetch_line ${SUBNET}.1 $root_port") || true
   wait || true
   expect_line "TCP ${prefix}-h1 -> ${SUBNET}.1 (root namespace, 0.0.0.0)" "$got" from-root || failed=1
 
