@@ -642,12 +642,17 @@ class Engine {
       TensorView in = local_input(r, zeros);
       TensorView out = r.local ? r.local->out : in;
       const auto ta = clock::now();
-      if (p.prescale != 1.0 || out.data != in.data) {
+      if (p.prescale == 1.0 && p.postscale == 1.0) {
+        // Out of place straight from the input: the collective reads `in` in its first steps
+        // anyway, so a copy into `out` first would be a whole extra pass over the tensor.
+        comm_.allreduce(in, out, p.op);  // the algorithm folds an average's division in
+      } else if (p.postscale == 1.0) {
         detail::scaled_copy(out.data, in.data, in.count, in.dtype, p.prescale);
-      }
-      if (p.postscale == 1.0) {
-        comm_.allreduce(out, p.op);  // the algorithm folds an average's division in
+        comm_.allreduce(out, p.op);
       } else {
+        if (p.prescale != 1.0 || out.data != in.data) {
+          detail::scaled_copy(out.data, in.data, in.count, in.dtype, p.prescale);
+        }
         comm_.allreduce(out, wire_op);
         detail::scaled_copy(out.data, out.data, out.count, out.dtype, p.postscale, divisor);
       }
