@@ -43,7 +43,7 @@ def test_rank_exit_3_raises_and_leaves_nothing(demo_bin, tmp_path):
     assert "rank 1 exited with code 3" in str(err) and "rank 1 gives up" in str(err)
     assert time.monotonic() - t0 < 30
     pids = read_pids(tmp_path, 3)
-    assert sorted(pids) == [0, 1, 2]
+    assert 1 in pids  # the others may be killed before their shell writes its pid: fine
     left = wait_gone(pids.values(), 0.5)
     kill_leftovers(left)
     assert left == []

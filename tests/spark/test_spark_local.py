@@ -78,7 +78,9 @@ def test_rank_exit_3_raises_naming_it_and_leaves_no_process(spark, demo_bin, tmp
     assert "rank 2 fails on purpose" in err.output_tail
     assert time.monotonic() - t0 < 60
     pids = read_pids(tmp_path, 4)
-    assert sorted(pids) == [0, 1, 2, 3]
+    # Rank 2 ran; the others may not have reached their process yet when Spark cancelled the
+    # barrier stage (seen once on a loaded 2-core CI machine): whichever did must be gone.
+    assert 2 in pids
     # run() waits until every rank's process is gone; a zombie awaiting its reaper counts as gone.
     left = wait_gone(pids.values(), 1.0)
     kill_leftovers(left)
