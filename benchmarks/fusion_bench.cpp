@@ -179,9 +179,10 @@ int main(int argc, char** argv) {
       const char* route = std::getenv("KOLO_TRANSPORT");
       std::printf("# kolo-fusion-bench: %zu tensors x %zu B float32 sum vs one %zu B allreduce\n",
                   a.tensors, a.tensor_bytes, total * sizeof(float));
-      std::printf("# ranks %d, transport %s, iters %ld, warmup %ld; time = mean per step, "
-                  "averaged across ranks\n",
-                  n, route ? route : "routed", a.iters, a.warmup);
+      std::printf(
+          "# ranks %d, transport %s, iters %ld, warmup %ld; time = mean per step, "
+          "averaged across ranks\n",
+          n, route ? route : "routed", a.iters, a.warmup);
       std::printf("%-44s %12.1f us\n", "one allreduce (Communicator)", one_us);
       std::printf("%-44s %12.1f us\n", "one tensor through the Engine", engine1_us);
       std::printf("%-44s %12.1f us  (%.1f collectives per step)\n", "fused: all tensors, Engine",

@@ -319,7 +319,7 @@ int train(const Args& args, kolo::Communicator<T> comm, Opt base_optimizer) {
   if (!args.compression.empty())
     dopts.compression = kolo::CompressionPolicy::parse(args.compression);
   kolo::DistributedOptimizer<Opt, T> opt(std::move(comm), std::move(base_optimizer),
-                                      model.parameters(), dopts);
+                                         model.parameters(), dopts);
   const int rank = opt.rank(), size = opt.size();
   const auto n = static_cast<std::size_t>(size), r = static_cast<std::size_t>(rank);
   // Horovod's idiom: everyone starts from rank 0's weights and optimizer state.
