@@ -143,7 +143,7 @@ class Communicator {
 
   explicit Communicator(Topology topo, CommunicatorOptions opts = CommunicatorOptions::from_env())
       : opts_(opts) {
-    if constexpr (std::is_same_v<T, MeshTransport>) {
+    if constexpr (std::is_base_of_v<MeshTransport, T>) {
       // The transport's variables are read before the rendezvous, like the Topology's: a bad
       // value then fails every rank alike. Read after it, rank 0 (which may host the store)
       // would throw and take the store down while the others are still using it, and they
@@ -273,6 +273,9 @@ class Communicator {
       if (out.count != total) {
         throw ConfigError("allgatherv: output has " + std::to_string(out.count) +
                           " elements, the counts add up to " + std::to_string(total));
+      }
+      if constexpr (HasNativeAllgatherv<T>) {
+        if (transport_->native_allgatherv(in.data, out.data, counts, in.dtype, opt)) return;
       }
       allgatherv_ring(*transport_, in.data, out.data, counts, dtype_size(in.dtype), opt);
     });
@@ -506,8 +509,17 @@ class Communicator {
     }
   }
 
+  // Device buffers reach only transports that take them (NcclTransport, CudaStagedTransport
+  // declare accepts_device_buffers); those decide by the pointer itself.
+  static constexpr bool accepts_device() {
+    if constexpr (requires { T::accepts_device_buffers; }) {
+      return T::accepts_device_buffers;
+    } else {
+      return false;
+    }
+  }
   static void check_cpu(const TensorView& v, const char* what) {
-    if (v.device != Device::cpu()) {
+    if (v.device != Device::cpu() && !accepts_device()) {
       throw ConfigError(std::string(what) +
                         " is on a CUDA device: host transports need host memory (use the NCCL "
                         "transport for device buffers)");

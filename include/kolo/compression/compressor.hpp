@@ -48,8 +48,11 @@ namespace detail {
 [[gnu::target("f16c,avx")]] inline void f32_to_f16_f16c(const float* s, std::uint16_t* d,
                                                         std::size_t n, float scale) {
   const __m256 k = _mm256_set1_ps(scale);
+  // `i < whole` rather than `i + 8 <= n`: GCC (-O3, inlined with a known bound) otherwise
+  // warns that a wrapped `i + 8` would be undefined behaviour.
+  const std::size_t whole = n - n % 8;
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
+  for (; i < whole; i += 8) {
     const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + i), k);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
                      _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
@@ -59,8 +62,11 @@ namespace detail {
 [[gnu::target("f16c,avx")]] inline void f16_to_f32_f16c(const std::uint16_t* s, float* d,
                                                         std::size_t n, float scale) {
   const __m256 k = _mm256_set1_ps(scale);
+  // `i < whole` rather than `i + 8 <= n`: GCC (-O3, inlined with a known bound) otherwise
+  // warns that a wrapped `i + 8` would be undefined behaviour.
+  const std::size_t whole = n - n % 8;
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
+  for (; i < whole; i += 8) {
     const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
     _mm256_storeu_ps(d + i, _mm256_mul_ps(v, k));
   }
@@ -69,15 +75,21 @@ namespace detail {
 [[gnu::target("avx2")]] inline void f32_to_bf16_avx2(const float* s, std::uint16_t* d,
                                                      std::size_t n, float scale) {
   const __m256 k = _mm256_set1_ps(scale);
+  // `i < whole` rather than `i + 8 <= n`: GCC (-O3, inlined with a known bound) otherwise
+  // warns that a wrapped `i + 8` would be undefined behaviour.
+  const std::size_t whole = n - n % 8;
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) f32x8_to_bf16x8(_mm256_mul_ps(_mm256_loadu_ps(s + i), k), d + i);
+  for (; i < whole; i += 8) f32x8_to_bf16x8(_mm256_mul_ps(_mm256_loadu_ps(s + i), k), d + i);
   for (; i < n; ++i) d[i] = float_to_bfloat16_bits(s[i] * scale);
 }
 [[gnu::target("avx2")]] inline void bf16_to_f32_avx2(const std::uint16_t* s, float* d,
                                                      std::size_t n, float scale) {
   const __m256 k = _mm256_set1_ps(scale);
+  // `i < whole` rather than `i + 8 <= n`: GCC (-O3, inlined with a known bound) otherwise
+  // warns that a wrapped `i + 8` would be undefined behaviour.
+  const std::size_t whole = n - n % 8;
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_mul_ps(bf16x8_to_f32x8(s + i), k));
+  for (; i < whole; i += 8) _mm256_storeu_ps(d + i, _mm256_mul_ps(bf16x8_to_f32x8(s + i), k));
   for (; i < n; ++i) d[i] = bfloat16_bits_to_float(s[i]) * scale;
 }
 inline bool cpu_has_f16c() {

@@ -47,6 +47,7 @@
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/core/tensor.hpp"
+#include "kolo/cuda/device_ops.hpp"
 #include "kolo/engine/fusion_buffer.hpp"
 #include "kolo/engine/handle.hpp"
 #include "kolo/engine/request.hpp"
@@ -91,6 +92,19 @@ struct EngineStats {
   std::uint64_t uncached_responses = 0;
   std::uint64_t fused_collectives = 0;
   double negotiation_seconds = 0;  // time spent agreeing, not moving tensors
+};
+
+// A transport that takes device tensors and packs fused batches of them on the GPU
+// (CudaStagedTransport, NcclTransport): Engine<T> then takes device tensors too.
+template <class T>
+concept DeviceFusionTransport = requires(T& t, const cuda::FusionItem* items, std::size_t n,
+                                         DataType d, void* buf, const void* cbuf, double s, int div,
+                                         const Deadline& dl) {
+  { t.device_fusion_buffer(n) } -> std::same_as<std::byte*>;
+  t.device_pack(items, n, d, d, buf, s);
+  t.device_unpack(items, n, d, d, cbuf, s, div);
+  t.device_synchronize(dl, "device work");
+  { t.device() } -> std::convertible_to<int>;
 };
 
 template <Transport T = MeshTransport>
@@ -228,11 +242,27 @@ class Engine {
     Local* local = nullptr;  // this rank's request (nullptr: joined, contributes zeros)
   };
 
-  Handle enqueue(std::string name, TensorView in, TensorView out, const RequestParams& p) {
+  Handle enqueue(std::string name, TensorView in, TensorView out, const RequestParams& params) {
     auto state = std::make_shared<detail::HandleState>();
     state->output = out;
-    if (in.device != Device::cpu() || out.device != Device::cpu()) {
-      throw ConfigError("engine: tensor '" + name + "' is on a CUDA device; host engine only");
+    RequestParams p = params;
+    const bool on_device = in.device.kind == Device::Kind::cuda;
+    if (on_device != (out.device.kind == Device::Kind::cuda)) {
+      throw ConfigError("engine: tensor '" + name +
+                        "': input and output must both be on a CUDA device or both in host memory");
+    }
+    if (on_device) {
+      if constexpr (!DeviceFusionTransport<T>) {
+        throw ConfigError("engine: tensor '" + name +
+                          "' is on a CUDA device, but this engine's transport takes host memory "
+                          "only (use Engine<NcclTransport> or Engine<CudaStagedTransport>)");
+      }
+      if (p.kind == OpKind::allgather) {
+        throw ConfigError("engine: tensor '" + name +
+                          "': allgather of device tensors is not supported by the engine; use "
+                          "Communicator::allgather on device buffers");
+      }
+      p.device = 1;
     }
     if (in.count > 0 && (!in.data || !out.data)) {
       throw ConfigError("engine: tensor '" + name + "' has a null data pointer");
@@ -598,7 +628,7 @@ class Engine {
           const Response& q = responses[j];
           if (done[j] || !q.error.empty() || q.p.kind != OpKind::allreduce) continue;
           if (q.p.dtype != r.p.dtype || q.p.op != r.p.op || q.p.prescale != r.p.prescale ||
-              q.p.postscale != r.p.postscale) {
+              q.p.postscale != r.p.postscale || q.p.device != r.p.device) {
             continue;
           }
           const std::size_t b = q.p.count * dtype_size(q.p.dtype);
@@ -630,6 +660,10 @@ class Engine {
     const ReduceOp wire_op = p.op == ReduceOp::average ? ReduceOp::sum : p.op;
     const int divisor = p.op == ReduceOp::average ? n : 1;
     const auto tq = clock::now();
+    if (p.device != 0) {
+      run_device_allreduce(responses, batch, divisor, tq);
+      return;
+    }
     if (opts_.compression.enabled() && p.dtype == DataType::float32 &&
         (p.op == ReduceOp::sum || p.op == ReduceOp::average)) {
       run_compressed_allreduce(responses, batch, divisor, tq);
@@ -747,6 +781,81 @@ class Engine {
     }
   }
 
+  // Device tensors: one pack launch into the device fusion buffer (compressing and prescaling),
+  // the collective on the device buffer (NCCL, or staged), one unpack launch (decompressing,
+  // postscaling, dividing an average). A single unscaled tensor goes straight through.
+  void run_device_allreduce(std::vector<Response>& responses, const std::vector<std::size_t>& batch,
+                            int divisor, clock::time_point tq) {
+    if constexpr (DeviceFusionTransport<T>) {
+      auto& t = comm_.transport();
+      const RequestParams& p = responses[batch.front()].p;
+      const CompressionPolicy& c = opts_.compression;
+      const bool compress = c.enabled() && p.dtype == DataType::float32 &&
+                            (p.op == ReduceOp::sum || p.op == ReduceOp::average);
+      const DataType wire = compress ? c.wire : p.dtype;
+      const Device dev = Device::cuda(t.device());
+      if (batch.size() == 1 && !compress && p.prescale == 1.0 && p.postscale == 1.0 &&
+          responses[batch.front()].local != nullptr) {
+        const Response& r = responses[batch.front()];
+        const auto ta = clock::now();
+        comm_.allreduce(r.local->in, r.local->out, p.op);
+        if (timeline_.enabled()) {
+          const std::size_t b = p.count * dtype_size(p.dtype);
+          timeline_.record(r.name, "QUEUE", tq, ta, p.dtype, b);
+          timeline_.record(r.name, "ALLREDUCE", ta, clock::now(), p.dtype, b);
+        }
+        complete(r, nullptr);
+        return;
+      }
+      std::vector<cuda::FusionItem> items;
+      items.reserve(batch.size());
+      std::size_t total = 0;
+      // Each tensor starts on a 16-byte boundary of the buffer, so the kernels' 16-byte vector
+      // path applies to every tensor whose own pointer allows it (+6-8 points of copy bandwidth
+      // for 1000 tensors on an H100). The gaps are reduced along and never read back.
+      const std::size_t align = std::max<std::size_t>(1, 16 / dtype_size(wire));
+      for (std::size_t j : batch) {
+        const Response& r = responses[j];
+        cuda::FusionItem it;
+        it.src = r.local ? r.local->in.data : nullptr;  // joined: zeros
+        it.dst = r.local ? r.local->out.data : nullptr;
+        it.count = r.p.count;
+        it.offset = total;
+        items.push_back(it);
+        total += (r.p.count + align - 1) / align * align;
+      }
+      std::byte* buf = t.device_fusion_buffer(total * dtype_size(wire));
+      const auto t_pack = clock::now();
+      t.device_pack(items.data(), items.size(), p.dtype, wire, buf, p.prescale);
+      const auto t_coll = clock::now();
+      comm_.allreduce(TensorView(buf, total, wire, dev),
+                      p.op == ReduceOp::average ? ReduceOp::sum : p.op);
+      const auto t_unpack = clock::now();
+      t.device_unpack(items.data(), items.size(), wire, p.dtype, buf, p.postscale, divisor);
+      t.device_synchronize(Deadline::after(t.timeout_seconds()), "the fusion unpack");
+      const auto t_end = clock::now();
+      bump([](EngineStats& s) { ++s.fused_collectives; });
+      for (std::size_t j : batch) {
+        const Response& r = responses[j];
+        if (timeline_.enabled()) {
+          const std::size_t b = r.p.count * dtype_size(wire);
+          timeline_.record(r.name, "QUEUE", tq, t_pack, wire, b);
+          timeline_.record(r.name, compress ? "PACK_COMPRESS" : "PACK", t_pack, t_coll, wire, b);
+          timeline_.record(r.name, "ALLREDUCE", t_coll, t_unpack, wire, b);
+          timeline_.record(r.name, compress ? "UNPACK_DECOMPRESS" : "UNPACK", t_unpack, t_end, wire,
+                           b);
+        }
+        complete(r, nullptr);
+      }
+    } else {
+      (void)responses;
+      (void)batch;
+      (void)divisor;
+      (void)tq;
+      throw Error("engine: a device tensor reached a host-only engine");  // enqueue refuses
+    }
+  }
+
   void run_allgather(const Response& r) {
     auto it = pending_.find(r.name);
     std::size_t total = 0;
@@ -772,6 +881,13 @@ class Engine {
     auto it = pending_.find(r.name);
     std::vector<std::byte> scratch;
     TensorView buf = local_input(r, scratch);
+    if constexpr (DeviceFusionTransport<T>) {
+      if (r.p.device != 0 && r.local == nullptr) {  // joined: a device buffer to receive into
+        auto& t = comm_.transport();
+        buf = TensorView(t.device_fusion_buffer(r.p.count * dtype_size(r.p.dtype)), r.p.count,
+                         r.p.dtype, Device::cuda(t.device()));
+      }
+    }
     const auto ta = clock::now();
     comm_.broadcast(buf, r.p.root);
     if (timeline_.enabled()) {

@@ -36,6 +36,7 @@ struct RequestParams {
   double postscale = 1.0;
   std::string group;  // grouped allreduce: members execute together, atomically
   std::uint32_t group_size = 0;
+  std::uint8_t device = 0;  // 0: host memory, 1: CUDA device memory (must agree across ranks)
 
   friend bool operator==(const RequestParams&, const RequestParams&) = default;
 
@@ -47,6 +48,7 @@ struct RequestParams {
     if (prescale != 1.0) s += ", prescale " + std::to_string(prescale);
     if (postscale != 1.0) s += ", postscale " + std::to_string(postscale);
     if (!group.empty()) s += ", group '" + group + "'";
+    if (device != 0) s += ", on a CUDA device";
     return s + ")";
   }
 };
@@ -95,6 +97,7 @@ inline void serialize(std::string& out, const WireRequest& r) {
   detail::put(out, r.p.postscale);
   detail::put_str(out, r.p.group);
   detail::put(out, r.p.group_size);
+  detail::put(out, r.p.device);
 }
 
 inline std::vector<WireRequest> deserialize_requests(const std::string& in) {
@@ -112,6 +115,7 @@ inline std::vector<WireRequest> deserialize_requests(const std::string& in) {
     r.p.postscale = detail::take<double>(in, pos);
     r.p.group = detail::take_str(in, pos);
     r.p.group_size = detail::take<std::uint32_t>(in, pos);
+    r.p.device = detail::take<std::uint8_t>(in, pos);
     out.push_back(std::move(r));
   }
   return out;

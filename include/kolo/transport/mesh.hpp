@@ -293,6 +293,15 @@ class MeshTransport {
 
   bool aborted() const { return aborted_; }
 
+  // Non-blocking: makes progress and throws this transport's error if it has been aborted
+  // here or by a peer, or a peer has gone. For callers that wait on something else (a CUDA
+  // stream, an NCCL kernel) and must still notice a failing job.
+  void poll() {
+    if (aborted_) rethrow();
+    progress();
+    if (aborted_) rethrow();
+  }
+
  private:
   // After an abort a peer may still be sending us the rest of a message. Closing a socket with
   // unread bytes makes the kernel send a reset and throw away what we had queued for the peer,
