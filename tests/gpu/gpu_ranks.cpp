@@ -8,11 +8,14 @@
 //                                   NCCL-inside / TCP-across variant on one machine)
 //   gpu_ranks expect-error TEXT     building the communicator and running one allreduce must
 //                                   throw a kolo::Error whose message contains TEXT
+//   gpu_ranks peer-exit [hosts]     the last rank leaves after setup; the others' device
+//                                   collectives end in a PeerLostError naming it
 //   gpu_ranks no-device             on a machine without a GPU: a ConfigError naming it, on
 //                                   every rank (exit 77, skipped, where a GPU exists)
 // Exit 77 (CTest's skip) with a message when a mode needs a GPU and there is none.
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -378,6 +381,47 @@ int run_expect_error(const std::string& text) {
   return 1;
 }
 
+// The last rank leaves right after setup (no collective, no goodbye); the others run device
+// collectives and must get a PeerLostError naming it within the deadline.
+int run_peer_exit(bool hosts) {
+  if (hosts) {
+    const std::string rk = std::getenv("KOLO_RANK") ? std::getenv("KOLO_RANK") : "0";
+    const std::string sz = std::getenv("KOLO_SIZE") ? std::getenv("KOLO_SIZE") : "1";
+    ::setenv("KOLO_HOST_KEY", ("gpu-test-host-" + rk).c_str(), 1);
+    ::setenv("KOLO_LOCAL_RANK", "0", 1);
+    ::setenv("KOLO_LOCAL_SIZE", "1", 1);
+    ::setenv("KOLO_CROSS_RANK", rk.c_str(), 1);
+    ::setenv("KOLO_CROSS_SIZE", sz.c_str(), 1);
+  }
+  auto comm = kolo::Communicator<kolo::NcclTransport>::from_env();
+  g_rank = comm.rank();
+  const int leaver = comm.size() - 1;
+  if (g_rank == leaver) {
+    std::printf("rank %d: leaving without taking part\n", g_rank);
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  DevBuf b(4 << 20);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    for (int i = 0; i < 100; ++i) {
+      comm.allreduce(
+          kolo::TensorView(b.p, 1 << 20, DataType::float32, dev(comm.transport().device())));
+    }
+  } catch (const kolo::PeerLostError& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("rank %d caught PeerLostError after %.3f s: %s\n", g_rank, s, e.what());
+    const std::string what = e.what();
+    return what.find("rank " + std::to_string(leaver)) != std::string::npos ? 0 : 1;
+  } catch (const kolo::Error& e) {
+    std::printf("rank %d caught %s, expected PeerLostError: %s\n", g_rank,
+                kolo::error_kind_name(e.kind()), e.what());
+    return 1;
+  }
+  std::printf("rank %d: no error although rank %d left\n", g_rank, leaver);
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -395,6 +439,9 @@ int main(int argc, char** argv) {
   }
   if (mode == "collectives") return run_collectives(argc > 2 && std::string(argv[2]) == "hosts");
   if (mode == "expect-error" && argc > 2) return run_expect_error(argv[2]);
-  std::fprintf(stderr, "usage: gpu_ranks collectives [hosts] | expect-error TEXT | no-device\n");
+  if (mode == "peer-exit") return run_peer_exit(argc > 2 && std::string(argv[2]) == "hosts");
+  std::fprintf(
+      stderr,
+      "usage: gpu_ranks collectives [hosts] | expect-error TEXT | peer-exit [hosts] | no-device\n");
   return 2;
 }

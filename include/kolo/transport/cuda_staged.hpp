@@ -104,7 +104,9 @@ class CudaBuffer {
 struct CudaOptions {
   int device = -1;   // KOLO_CUDA_DEVICE; -1: KOLO_DEVICES' first, else local rank mod count
   bool nccl = true;  // KOLO_NCCL=0: the NCCL transport stages device buffers through the host
-  int spin_us = 50;  // KOLO_CUDA_SPIN_US: yield-polling of the stream before sleeping
+  // KOLO_CUDA_SPIN_US: yield-polling of the stream before sleeping. 1 ms: a GPU rank has a core
+  // of its own, and sleeping (20 µs asked, 50-80 µs got) added that much to every collective.
+  int spin_us = 1000;
   bool hierarchical = true;  // KOLO_NCCL_HIERARCHICAL=0: one NCCL communicator across hosts too
 
   static CudaOptions from_env(const EnvLookup& env = process_env()) {
