@@ -10,6 +10,7 @@
 #include <string>
 
 #include <kolo/topology/bootstrap.hpp>
+#include <kolo/transport/nccl.hpp>  // the dtype/op mapping
 
 #include "bench_impl.hpp"
 
@@ -71,8 +72,8 @@ class NcclImpl final : public Impl {
   }
 
   BoundOp bind(const OpSpec& s, void* in, void* out, bool in_place) override {
-    const ncclDataType_t t = nccl_type(s.dtype);
-    const ncclRedOp_t op = nccl_op(s.op);
+    const ncclDataType_t t = nccl_detail::dtype(s.dtype);
+    const ncclRedOp_t op = nccl_detail::redop(s.op);
     const std::size_t n = static_cast<std::size_t>(size());
     const std::size_t block = s.count / n;
     const std::size_t es = dtype_size(s.dtype);
@@ -143,43 +144,6 @@ class NcclImpl final : public Impl {
   }
 
  private:
-  static ncclDataType_t nccl_type(DataType t) {
-    switch (t) {
-      case DataType::float16:
-        return ncclFloat16;
-      case DataType::bfloat16:
-        return ncclBfloat16;
-      case DataType::float32:
-        return ncclFloat32;
-      case DataType::float64:
-        return ncclFloat64;
-      case DataType::int8:
-        return ncclInt8;
-      case DataType::uint8:
-        return ncclUint8;
-      case DataType::int32:
-        return ncclInt32;
-      case DataType::int64:
-        return ncclInt64;
-    }
-    throw std::logic_error("unknown data type");
-  }
-  static ncclRedOp_t nccl_op(ReduceOp op) {
-    switch (op) {
-      case ReduceOp::sum:
-        return ncclSum;
-      case ReduceOp::average:
-        return ncclAvg;
-      case ReduceOp::product:
-        return ncclProd;
-      case ReduceOp::min:
-        return ncclMin;
-      case ReduceOp::max:
-        return ncclMax;
-    }
-    throw std::logic_error("unknown reduce op");
-  }
-
   std::unique_ptr<Bootstrap> boot_;
   int device_ = 0;
   ncclComm_t comm_ = nullptr;

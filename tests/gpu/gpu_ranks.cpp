@@ -334,16 +334,21 @@ void check_engine(kolo::Communicator<T> comm, int device, bool compress) {
   }
 }
 
+// Each rank its own "host": its own key, and the local/cross layout that goes with it (the
+// hierarchical variant, NCCL inside each host and TCP across, on one machine).
+void one_host_per_rank() {
+  const std::string rk = std::getenv("KOLO_RANK") ? std::getenv("KOLO_RANK") : "0";
+  const std::string sz = std::getenv("KOLO_SIZE") ? std::getenv("KOLO_SIZE") : "1";
+  ::setenv("KOLO_HOST_KEY", ("gpu-test-host-" + rk).c_str(), 1);
+  ::setenv("KOLO_LOCAL_RANK", "0", 1);
+  ::setenv("KOLO_LOCAL_SIZE", "1", 1);
+  ::setenv("KOLO_CROSS_RANK", rk.c_str(), 1);
+  ::setenv("KOLO_CROSS_SIZE", sz.c_str(), 1);
+}
+
 int run_collectives(bool hosts) {
   if (hosts) {
-    // Each rank its own "host": its own key, and the local/cross layout that goes with it.
-    const std::string rk = std::getenv("KOLO_RANK") ? std::getenv("KOLO_RANK") : "0";
-    const std::string sz = std::getenv("KOLO_SIZE") ? std::getenv("KOLO_SIZE") : "1";
-    ::setenv("KOLO_HOST_KEY", ("gpu-test-host-" + rk).c_str(), 1);
-    ::setenv("KOLO_LOCAL_RANK", "0", 1);
-    ::setenv("KOLO_LOCAL_SIZE", "1", 1);
-    ::setenv("KOLO_CROSS_RANK", rk.c_str(), 1);
-    ::setenv("KOLO_CROSS_SIZE", sz.c_str(), 1);
+    one_host_per_rank();
   }
   using Comm = kolo::Communicator<kolo::NcclTransport>;
   Comm comm = Comm::from_env();
@@ -385,13 +390,7 @@ int run_expect_error(const std::string& text) {
 // collectives and must get a PeerLostError naming it within the deadline.
 int run_peer_exit(bool hosts) {
   if (hosts) {
-    const std::string rk = std::getenv("KOLO_RANK") ? std::getenv("KOLO_RANK") : "0";
-    const std::string sz = std::getenv("KOLO_SIZE") ? std::getenv("KOLO_SIZE") : "1";
-    ::setenv("KOLO_HOST_KEY", ("gpu-test-host-" + rk).c_str(), 1);
-    ::setenv("KOLO_LOCAL_RANK", "0", 1);
-    ::setenv("KOLO_LOCAL_SIZE", "1", 1);
-    ::setenv("KOLO_CROSS_RANK", rk.c_str(), 1);
-    ::setenv("KOLO_CROSS_SIZE", sz.c_str(), 1);
+    one_host_per_rank();
   }
   auto comm = kolo::Communicator<kolo::NcclTransport>::from_env();
   g_rank = comm.rank();
