@@ -313,6 +313,41 @@ void check_engine(kolo::Communicator<T> comm, int device, bool compress) {
                  "engine " + it.name + (compress ? " (fp16 wire)" : ""));
   }
   if (!compress) {
+    // join(): rank q runs 2 + q steps of a single unscaled tensor (the engine's straight path)
+    // and of a scaled pair (the fused path), then joins; joined ranks contribute zeros.
+    const int my_steps = 2 + r;
+    DevBuf j1(257 * 4), j2(100 * 4), j3(33 * 4);
+    for (int step = 0; step < my_steps; ++step) {
+      std::vector<float> v1(257, static_cast<float>(r + 1)), v2(100, static_cast<float>(r + 1)),
+          v3(33, static_cast<float>(2 * r + 2));
+      cuda_ok(cudaMemcpy(j1.p, v1.data(), 257 * 4, cudaMemcpyHostToDevice), "H2D");
+      cuda_ok(cudaMemcpy(j2.p, v2.data(), 100 * 4, cudaMemcpyHostToDevice), "H2D");
+      cuda_ok(cudaMemcpy(j3.p, v3.data(), 33 * 4, cudaMemcpyHostToDevice), "H2D");
+      auto h1 = eng.allreduce_async("join.single",
+                                    kolo::TensorView(j1.p, 257, DataType::float32, dev(device)));
+      auto h2 =
+          eng.allreduce_async("join.a", kolo::TensorView(j2.p, 100, DataType::float32, dev(device)),
+                              ReduceOp::sum, 0.5, 1.0);
+      auto h3 =
+          eng.allreduce_async("join.b", kolo::TensorView(j3.p, 33, DataType::float32, dev(device)),
+                              ReduceOp::sum, 0.5, 1.0);
+      h1.wait();
+      h2.wait();
+      h3.wait();
+      float want = 0;
+      for (int q = 0; q < n; ++q) {
+        if (2 + q > step) want += static_cast<float>(q + 1);
+      }
+      cuda_ok(cudaMemcpy(v1.data(), j1.p, 257 * 4, cudaMemcpyDeviceToHost), "D2H");
+      cuda_ok(cudaMemcpy(v2.data(), j2.p, 100 * 4, cudaMemcpyDeviceToHost), "D2H");
+      cuda_ok(cudaMemcpy(v3.data(), j3.p, 33 * 4, cudaMemcpyDeviceToHost), "D2H");
+      if (v1[0] != want || v1[256] != want || v2[99] != want * 0.5f || v3[32] != want) {
+        std::fprintf(stderr, "rank %d: join step %d: got %g %g %g %g, expected %g %g %g\n", r, step,
+                     v1[0], v1[256], v2[99], v3[32], want, want * 0.5f, want);
+        ++g_fail;
+      }
+    }
+    eng.join();
     // A grouped allreduce and a broadcast of device tensors.
     DevBuf a(100 * 4), b(300 * 4), c(77 * 8);
     a.put(fill(r, 100, DataType::float32, 7));

@@ -794,11 +794,23 @@ class Engine {
                             (p.op == ReduceOp::sum || p.op == ReduceOp::average);
       const DataType wire = compress ? c.wire : p.dtype;
       const Device dev = Device::cuda(t.device());
-      if (batch.size() == 1 && !compress && p.prescale == 1.0 && p.postscale == 1.0 &&
-          responses[batch.front()].local != nullptr) {
+      if (batch.size() == 1 && !compress && p.prescale == 1.0 && p.postscale == 1.0) {
+        // The same decision on every rank (it must be: one collective, one op). A rank that has
+        // joined reduces zeros from the fusion buffer and keeps nothing.
         const Response& r = responses[batch.front()];
+        TensorView in, out;
+        if (r.local != nullptr) {
+          in = r.local->in;
+          out = r.local->out;
+        } else {
+          cuda::FusionItem zero;
+          zero.count = p.count;
+          std::byte* z = t.device_fusion_buffer(p.count * dtype_size(p.dtype));
+          t.device_pack(&zero, 1, p.dtype, p.dtype, z, 1.0);
+          in = out = TensorView(z, p.count, p.dtype, dev);
+        }
         const auto ta = clock::now();
-        comm_.allreduce(r.local->in, r.local->out, p.op);
+        comm_.allreduce(in, out, p.op);
         if (timeline_.enabled()) {
           const std::size_t b = p.count * dtype_size(p.dtype);
           timeline_.record(r.name, "QUEUE", tq, ta, p.dtype, b);
