@@ -339,6 +339,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // ---- rank 0: post everything, then wait in order ----
   bool all_ok = true;
+  std::string wait_error;
   const auto waits_began = std::chrono::steady_clock::now();
   try {
     std::vector<kolo::MeshTransport::Request> reqs;
@@ -367,12 +368,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                       std::to_string(waited) + " s); " + pumped.describe(stream.size()));
     }
     all_ok = false;
-  } catch (const kolo::Error&) {
+    wait_error = e.what();
+  } catch (const kolo::Error& e) {
     all_ok = false;  // malformed input must end as a kolo::Error: expected
+    wait_error = e.what();
   }
 
   if (pure) {
-    KOLO_FUZZ_CHECK(all_ok, "correct messages failed to arrive");
+    KOLO_FUZZ_CHECK(all_ok, "correct messages failed to arrive: " + wait_error);
     for (const OpSpec& op : ops) {
       if (op.kind == Kind::send) continue;
       std::vector<std::byte> expect = op.payload;

@@ -1080,7 +1080,11 @@ class MeshTransport {
         std::size_t n = std::min(avail, want);
         if (reduce) n = n / op.rs.elem_size * op.rs.elem_size;  // whole elements only
         if (n == 0) {                                           // a partial element: fetch the rest
-          if (peer.rx_end == peer.rx.size()) tcp_fill(peer);    // compacts
+          // A full buffer is compacted first, and whatever that fill reads must be parsed
+          // before asking again: the next read may see the peer's EOF, and the peer may have
+          // closed right after sending the rest (a correct sender does), which must not count
+          // as a lost peer while the message is complete in the buffer.
+          if (peer.rx_end == peer.rx.size() && tcp_fill(peer)) continue;
           if (!need_more()) return;
           continue;
         }
