@@ -469,6 +469,37 @@ std::string describe(const char* op, DataType a, DataType b, double scale, int d
   return o.str();
 }
 
+// Captures what `enqueue` puts on the stream as a CUDA graph (ending the capture on a throw).
+template <class F>
+cudaGraph_t capture(Stream& s, F&& enqueue) {
+  cudaGraph_t graph = nullptr;
+  cuda_ok(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  try {
+    enqueue();
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    (void)cudaStreamEndCapture(s.get(), &broken);
+    if (broken) (void)cudaGraphDestroy(broken);
+    throw;
+  }
+  cuda_ok(cudaStreamEndCapture(s.get(), &graph), "cudaStreamEndCapture");
+  REQUIRE(graph != nullptr);
+  return graph;
+}
+
+// The types of a graph's nodes.
+std::vector<cudaGraphNodeType> node_types(cudaGraph_t graph) {
+  std::size_t count = 0;
+  cuda_ok(cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes");
+  std::vector<cudaGraphNode_t> nodes(count);
+  cuda_ok(cudaGraphGetNodes(graph, nodes.data(), &count), "cudaGraphGetNodes");
+  std::vector<cudaGraphNodeType> types(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    cuda_ok(cudaGraphNodeGetType(nodes[i], &types[i]), "cudaGraphNodeGetType");
+  }
+  return types;
+}
+
 }  // namespace
 
 // First, so that it is the first use of its kernel in the process: capture works from a cold
@@ -478,27 +509,9 @@ TEST_CASE("one launch per batch: a captured pack of 1000 tensors is one kernel n
   Stream s;
   PackCase pc(DataType::float32, DataType::bfloat16, 0.375, make_layout(1000, rng), rng);
 
-  cudaGraph_t graph = nullptr;
-  cuda_ok(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
-  try {
-    pc.run(s.get());
-  } catch (...) {
-    cudaGraph_t broken = nullptr;
-    (void)cudaStreamEndCapture(s.get(), &broken);
-    if (broken) (void)cudaGraphDestroy(broken);
-    throw;
-  }
-  cuda_ok(cudaStreamEndCapture(s.get(), &graph), "cudaStreamEndCapture");
-  REQUIRE(graph != nullptr);
-
-  std::size_t count = 0;
-  cuda_ok(cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes");
-  std::vector<cudaGraphNode_t> nodes(count);
-  cuda_ok(cudaGraphGetNodes(graph, nodes.data(), &count), "cudaGraphGetNodes");
+  cudaGraph_t graph = capture(s, [&] { pc.run(s.get()); });
   int kernels = 0, memcpys = 0, others = 0;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    cuda_ok(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType");
+  for (cudaGraphNodeType type : node_types(graph)) {
     if (type == cudaGraphNodeTypeKernel)
       ++kernels;
     else if (type == cudaGraphNodeTypeMemcpy)
@@ -531,26 +544,10 @@ TEST_CASE("a captured batch of up to 120 tensors is a single kernel node (no upl
   std::mt19937_64 rng(17);
   Stream s;
   UnpackCase uc(DataType::float16, DataType::float32, 0.5, 3, make_layout(120, rng), rng);
-  cudaGraph_t graph = nullptr;
-  cuda_ok(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
-  try {
-    uc.run(s.get());
-  } catch (...) {
-    cudaGraph_t broken = nullptr;
-    (void)cudaStreamEndCapture(s.get(), &broken);
-    if (broken) (void)cudaGraphDestroy(broken);
-    throw;
-  }
-  cuda_ok(cudaStreamEndCapture(s.get(), &graph), "cudaStreamEndCapture");
-  REQUIRE(graph != nullptr);
-  std::size_t count = 0;
-  cuda_ok(cudaGraphGetNodes(graph, nullptr, &count), "cudaGraphGetNodes");
-  std::vector<cudaGraphNode_t> nodes(count);
-  cuda_ok(cudaGraphGetNodes(graph, nodes.data(), &count), "cudaGraphGetNodes");
-  REQUIRE(count == 1);
-  cudaGraphNodeType type;
-  cuda_ok(cudaGraphNodeGetType(nodes[0], &type), "cudaGraphNodeGetType");
-  CHECK(type == cudaGraphNodeTypeKernel);
+  cudaGraph_t graph = capture(s, [&] { uc.run(s.get()); });
+  const std::vector<cudaGraphNodeType> types = node_types(graph);
+  REQUIRE(types.size() == 1);
+  CHECK(types[0] == cudaGraphNodeTypeKernel);
   cudaGraphExec_t exec = nullptr;
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
   cuda_ok(cudaGraphLaunch(exec, s.get()), "cudaGraphLaunch");
