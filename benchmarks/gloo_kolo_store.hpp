@@ -1,4 +1,4 @@
-// gloo_kolo_store.hpp — a gloo::rendezvous::Store on top of kolo::StoreClient.
+// gloo_kolo_store.hpp — a gloo::rendezvous::Store on top of kolo::KvStore (kolo's store client).
 //
 // So Gloo rendezvouses through the store that kolo-run already hosts (KOLO_STORE, authenticated
 // with KOLO_SECRET): Gloo runs under the same launcher as kolo, with no Redis or shared file
@@ -10,13 +10,13 @@
 #include <vector>
 
 #include <gloo/rendezvous/store.h>
-#include <kolo/topology/store.hpp>
+#include <kolo/topology/kv_store.hpp>
 
 namespace kolo::bench {
 
 class KoloGlooStore final : public gloo::rendezvous::Store {
  public:
-  KoloGlooStore(StoreClient& client, std::string prefix)
+  KoloGlooStore(KvStore& client, std::string prefix)
       : client_(client), prefix_(std::move(prefix)) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
@@ -44,7 +44,7 @@ class KoloGlooStore final : public gloo::rendezvous::Store {
     return out;
   }
 
-  StoreClient& client_;
+  KvStore& client_;
   std::string prefix_;
 };
 

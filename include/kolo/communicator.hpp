@@ -143,21 +143,17 @@ class Communicator {
 
   explicit Communicator(Topology topo, CommunicatorOptions opts = CommunicatorOptions::from_env())
       : opts_(opts) {
-    if constexpr (std::is_base_of_v<MeshTransport, T>) {
-      // The transport's variables are read before the rendezvous, like the Topology's: a bad
-      // value then fails every rank alike. Read after it, rank 0 (which may host the store)
-      // would throw and take the store down while the others are still using it, and they
-      // would report "store lost" instead of the bad variable.
-      const RouteMode mode = route_mode_from_env();
-      const MeshOptions mesh = MeshOptions::from_env();
-      boot_ = std::make_unique<Bootstrap>(std::move(topo));
-      transport_ = std::make_unique<T>(*boot_, mode, mesh);
-    } else {
-      boot_ = std::make_unique<Bootstrap>(std::move(topo));
-      transport_ = std::make_unique<T>(*boot_);
-    }
-    topo_ = boot_->topology();
-    setup_selector();
+    connect(std::move(topo), nullptr, {});
+  }
+
+  // Rendezvous through a store that exists already (a framework's: PyTorch's c10d store via
+  // kolo_torch, or any KvStore) instead of the environment's KOLO_STORE. topo needs rank and
+  // size (Topology::for_rank reads the optional KOLO_* knobs); `prefix` namespaces the keys:
+  // the ranks of one communicator pass the same prefix, distinct communicators distinct ones.
+  Communicator(Topology topo, std::shared_ptr<KvStore> store, std::string prefix,
+               CommunicatorOptions opts = CommunicatorOptions::from_env())
+      : opts_(opts) {
+    connect(std::move(topo), std::move(store), std::move(prefix));
   }
 
   // Adopts a transport built elsewhere (e.g. from an MPI communicator: no store, no KOLO_*
@@ -362,6 +358,30 @@ class Communicator {
   }
 
  private:
+  // Bootstrap (from the topology's store address, or from `store` when given) and connect.
+  void connect(Topology topo, std::shared_ptr<KvStore> store, std::string prefix) {
+    auto make_boot = [&] {
+      return store || !prefix.empty()
+                 ? std::make_unique<Bootstrap>(std::move(topo), std::move(store), std::move(prefix))
+                 : std::make_unique<Bootstrap>(std::move(topo));
+    };
+    if constexpr (std::is_base_of_v<MeshTransport, T>) {
+      // The transport's variables are read before the rendezvous, like the Topology's: a bad
+      // value then fails every rank alike. Read after it, rank 0 (which may host the store)
+      // would throw and take the store down while the others are still using it, and they
+      // would report "store lost" instead of the bad variable.
+      const RouteMode mode = route_mode_from_env();
+      const MeshOptions mesh = MeshOptions::from_env();
+      boot_ = make_boot();
+      transport_ = std::make_unique<T>(*boot_, mode, mesh);
+    } else {
+      boot_ = make_boot();
+      transport_ = std::make_unique<T>(*boot_);
+    }
+    topo_ = boot_->topology();
+    setup_selector();
+  }
+
   // Host groups, route constants and overrides; the tuning probe is a collective (every rank
   // constructs its communicator at the same point), and its errors reach every rank.
   void setup_selector() {

@@ -124,7 +124,7 @@ TEST_CASE("store: set and get round-trip binary-safe values") {
   auto server = start_server();
   const auto addr = addr_of(*server);
   StoreClient c(addr, kSecret, 0, 5.0);
-  CHECK(c.address().port == server->port());
+  CHECK(c.address()->port == server->port());
   CHECK(c.timeout_seconds() == 5.0);
 
   c.set("a", "1");

@@ -16,6 +16,7 @@
 
 #include "kolo/core/error.hpp"
 #include "kolo/net/auth.hpp"
+#include "kolo/topology/kv_store.hpp"
 #include "kolo/topology/store.hpp"
 #include "kolo/topology/topology.hpp"
 
@@ -38,9 +39,36 @@ class Bootstrap {
           server_ = StoreServer::listen("0.0.0.0", topo_.store->port, topo_.secret);
         }
       }
-      store_ = std::make_unique<StoreClient>(*topo_.store, topo_.secret, topo_.rank,
+      store_ = std::make_shared<StoreClient>(*topo_.store, topo_.secret, topo_.rank,
                                              topo_.timeout_seconds);
     }
+    derive_hosts();
+  }
+
+  // Rendezvous through a store that exists already — a framework's own (PyTorch's c10d store
+  // through kolo_torch, any KvStore): no KOLO_STORE, no store server. topo.rank and topo.size
+  // must be set; topo.store/host_store/peers are ignored. `prefix` namespaces this Bootstrap's
+  // keys inside the store: ranks that build one communicator together pass the same prefix,
+  // different communicators different ones. Without a secret (KOLO_SECRET), rank 0 draws the
+  // job secret and publishes it through the store: the TCP connections of the job are then
+  // exactly as private as the store itself.
+  Bootstrap(Topology topo, std::shared_ptr<KvStore> store, std::string prefix)
+      : topo_(std::move(topo)), prefix_(std::move(prefix)) {
+    if (topo_.size < 1 || topo_.rank < 0 || topo_.rank >= topo_.size) {
+      throw ConfigError("Bootstrap: rank " + std::to_string(topo_.rank) + " of size " +
+                        std::to_string(topo_.size) + " is not a valid rank");
+    }
+    if (topo_.size > 1) {
+      if (!store) throw ConfigError("Bootstrap: a multi-rank job needs a store (got none)");
+      store_ = std::move(store);
+      if (topo_.secret.empty()) {
+        if (topo_.rank == 0) store_->set(prefix_ + "secret", net::generate_secret());
+        topo_.secret = store_->get(prefix_ + "secret");
+      }
+    }
+    topo_.store.reset();
+    topo_.host_store = false;
+    topo_.peers.clear();
     derive_hosts();
   }
 
@@ -51,7 +79,8 @@ class Bootstrap {
   int size() const { return topo_.size; }
   const std::vector<std::string>& host_keys() const { return host_keys_; }
   bool same_host(int peer) const { return host_keys_[peer] == host_keys_[topo_.rank]; }
-  StoreClient* store() { return store_.get(); }
+  // The rendezvous store (nullptr for a single rank); keys under prefix() are this Bootstrap's.
+  KvStore* store() { return store_.get(); }
   const std::string& prefix() const { return prefix_; }
 
   // Every rank contributes `mine`; returns all contributions in rank order.
@@ -80,7 +109,7 @@ class Bootstrap {
   // which this rank reaches the store (what Gloo and torch.distributed do), loopback otherwise.
   std::string advertised_ip() const {
     if (auto ip = topo_.advertise_ip; !ip.empty()) return ip;
-    return store_ ? store_ip_ : std::string("127.0.0.1");
+    return store_ip_.empty() ? std::string("127.0.0.1") : store_ip_;
   }
 
   // A random token shared by all ranks (names of shared-memory objects).
@@ -98,7 +127,9 @@ class Bootstrap {
 
  private:
   void derive_hosts() {
-    if (store_) store_ip_ = net::route_ip_to(topo_.store->host, topo_.store->port);
+    if (store_) {
+      if (const auto addr = store_->address()) store_ip_ = net::route_ip_to(addr->host, addr->port);
+    }
     host_keys_ = allgather("hostkey", topo_.host_key);
     std::map<std::string, int> host_index;  // host key -> cross rank, in order of first rank
     std::vector<std::string> hosts;
@@ -134,7 +165,7 @@ class Bootstrap {
   Topology topo_;
   std::string prefix_;
   std::unique_ptr<StoreServer> server_;
-  std::unique_ptr<StoreClient> store_;
+  std::shared_ptr<KvStore> store_;
   std::vector<std::string> host_keys_;
   std::string store_ip_;
   std::string token_;

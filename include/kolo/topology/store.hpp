@@ -70,6 +70,7 @@
 #include "kolo/core/error.hpp"
 #include "kolo/net/auth.hpp"
 #include "kolo/net/socket.hpp"
+#include "kolo/topology/kv_store.hpp"
 
 namespace kolo {
 
@@ -827,7 +828,7 @@ class StoreServer {
   std::thread thread_;  // last: starts after everything above is initialised
 };
 
-class StoreClient {
+class StoreClient final : public KvStore {
  public:
   // Connects (retrying until timeout: the server may not be up yet) and authenticates with
   // Hello{kPurposeStore, rank}. `timeout_seconds` bounds the connect and every later call.
@@ -856,7 +857,7 @@ class StoreClient {
   StoreClient& operator=(const StoreClient&) = delete;
 
   // Binary-safe: keys up to 4 KiB, values up to 64 MiB.
-  void set(const std::string& key, const std::string& value) {
+  void set(const std::string& key, const std::string& value) override {
     check_key(key);
     if (value.size() > store_detail::kMaxValueBytes) {
       throw Error("store set(" + store_detail::printable(key) + "): value of " +
@@ -871,7 +872,7 @@ class StoreClient {
   }
 
   // Blocks until the key exists; TimeoutError naming the key and the store after the timeout.
-  std::string get(const std::string& key) {
+  std::string get(const std::string& key) override {
     check_key(key);
     std::string req;
     store_detail::FrameWriter(req, store_detail::kGet).u64(wait_ms()).str(key).finish();
@@ -887,7 +888,7 @@ class StoreClient {
   }
 
   // The value if the key exists now; never waits for it.
-  std::optional<std::string> try_get(const std::string& key) {
+  std::optional<std::string> try_get(const std::string& key) override {
     check_key(key);
     std::string req;
     store_detail::FrameWriter(req, store_detail::kGet).u64(0).str(key).finish();
@@ -898,7 +899,7 @@ class StoreClient {
   }
 
   // Atomic on the server; a missing key counts as 0. Returns the new value.
-  std::int64_t add(const std::string& key, std::int64_t delta) {
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
     check_key(key);
     std::string req;
     store_detail::FrameWriter(req, store_detail::kAdd).str(key).i64(delta).finish();
@@ -909,7 +910,7 @@ class StoreClient {
   }
 
   // Until all keys exist; TimeoutError lists the ones still missing.
-  void wait(const std::vector<std::string>& keys) {
+  void wait(const std::vector<std::string>& keys) override {
     if (keys.empty()) return;
     const Reply r = call("wait", wait_request(keys, wait_ms()), true);
     if (r.status == store_detail::kMissing) {
@@ -939,7 +940,8 @@ class StoreClient {
   }
 
   double timeout_seconds() const { return timeout_; }
-  const net::HostPort& address() const { return addr_; }
+  std::optional<net::HostPort> address() const override { return addr_; }
+  std::string describe() const override { return who_; }
 
  private:
   struct Reply {

@@ -198,6 +198,36 @@ struct Topology {
           "secret (kolo-run and the Spark backend generate one; set it yourself otherwise)");
     }
 
+    read_knobs(t, env);
+    return t;
+  }
+
+  // A topology for a framework that already knows rank and size and has its own store (see
+  // Bootstrap's store constructor, kolo_torch): no launcher variable is needed; the optional
+  // KOLO_* knobs still apply (KOLO_SECRET, KOLO_TIMEOUT_SECONDS, KOLO_DEVICES, KOLO_ADDR,
+  // KOLO_HOST_KEY, KOLO_LOG_LEVEL). Local and cross ranks are derived through the store.
+  static Topology for_rank(int rank, int size, const EnvLookup& env = process_env()) {
+    if (size < 1 || rank < 0 || rank >= size) {
+      throw ConfigError("rank " + std::to_string(rank) + " is not a rank of a job of size " +
+                        std::to_string(size));
+    }
+    Topology t;
+    t.rank = rank;
+    t.size = size;
+    if (auto s = env("KOLO_SECRET"); s && !s->empty()) {
+      if (s->size() < 8 && size > 1) {
+        throw ConfigError("KOLO_SECRET is too short (" + std::to_string(s->size()) +
+                          " characters; use at least 8, e.g. 32 random hex digits)");
+      }
+      t.secret = *s;
+    }
+    read_knobs(t, env);
+    return t;
+  }
+
+ private:
+  // The knobs every way of building a topology reads the same way.
+  static void read_knobs(Topology& t, const EnvLookup& env) {
     if (auto d = env("KOLO_DEVICES")) {
       std::string_view rest = *d;
       while (!rest.empty()) {
@@ -232,7 +262,6 @@ struct Topology {
     } else {
       t.host_key = default_host_key();
     }
-    return t;
   }
 };
 
