@@ -1,0 +1,989 @@
+// kolo_backend.cpp — the "kolo" torch.distributed backend (see kolo_backend.hpp) and its Python
+// module kolo_torch._C. One translation unit: torch's headers are most of the build time.
+#include "kolo_backend.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/python.h>
+
+#include <pybind11/chrono.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <numeric>
+#include <optional>
+#include <stdexcept>
+#include <utility>
+
+#include <kolo/topology/kv_store.hpp>
+
+namespace kolo_torch {
+namespace {
+
+// ---- the c10d::Store as kolo's KvStore ----
+
+// Runs a store call, turning torch's exceptions into kolo's error types (a timeout stays a
+// timeout: kolo's messages and the torch user's except clauses depend on it).
+template <class F>
+auto store_call(const char* what, const std::string& key, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    const std::string msg = std::string("torch.distributed store ") + what + "(" + key +
+                            "): " + e.what_without_backtrace();
+    if (msg.find("imeout") != std::string::npos || msg.find("timed out") != std::string::npos) {
+      throw kolo::TimeoutError(msg);
+    }
+    throw kolo::PeerLostError(msg);
+  }
+}
+
+class C10dKvStore final : public kolo::KvStore {
+ public:
+  explicit C10dKvStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+
+  void set(const std::string& key, const std::string& value) override {
+    store_call("set", key, [&] {
+      store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+    });
+  }
+  std::string get(const std::string& key) override {
+    const auto v = store_call("get", key, [&] { return store_->get(key); });
+    return {v.begin(), v.end()};
+  }
+  std::optional<std::string> try_get(const std::string& key) override {
+    if (!store_call("check", key, [&] { return store_->check({key}); })) return std::nullopt;
+    return get(key);
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    return store_call("add", key, [&] { return store_->add(key, delta); });
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    store_call("wait", keys.empty() ? std::string() : keys.front(), [&] { store_->wait(keys); });
+  }
+  // The TCP store under the prefixes, when there is one: ranks advertise the interface through
+  // which they reach it, as with kolo's own store.
+  std::optional<kolo::net::HostPort> address() const override {
+    c10d::Store* s = store_.get();
+    for (int depth = 0; s != nullptr && depth < 16; ++depth) {
+      if (auto* tcp = dynamic_cast<c10d::TCPStore*>(s)) {
+        return kolo::net::HostPort{tcp->getHost(), tcp->getPort()};
+      }
+      auto* prefix = dynamic_cast<c10d::PrefixStore*>(s);
+      if (prefix == nullptr) break;
+      s = prefix->getUnderlyingStore().get();
+    }
+    return std::nullopt;
+  }
+  std::string describe() const override { return "torch.distributed store"; }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+// ---- tensors ----
+
+[[noreturn]] void fail(const std::string& msg) { throw std::runtime_error("kolo: " + msg); }
+
+std::optional<kolo::DataType> kolo_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return kolo::DataType::float32;
+    case at::kDouble:
+      return kolo::DataType::float64;
+    case at::kHalf:
+      return kolo::DataType::float16;
+    case at::kBFloat16:
+      return kolo::DataType::bfloat16;
+    case at::kChar:
+      return kolo::DataType::int8;
+    case at::kByte:
+    case at::kBool:  // one byte, 0 or 1: reduced with max (or) and min (and)
+      return kolo::DataType::uint8;
+    case at::kInt:
+      return kolo::DataType::int32;
+    case at::kLong:
+      return kolo::DataType::int64;
+    default:
+      return std::nullopt;
+  }
+}
+
+kolo::DataType dtype_for(const at::Tensor& t, const char* op) {
+  const auto d = kolo_dtype(t.scalar_type());
+  if (!d) {
+    fail(std::string(op) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
+         " is not supported (float32/64, float16, bfloat16, int8, uint8, int32, int64, bool)");
+  }
+  return *d;
+}
+
+// kolo's reduction for torch's op on this dtype.
+kolo::ReduceOp reduce_op(const c10d::ReduceOp& op, at::ScalarType st, const char* coll) {
+  const bool is_bool = st == at::kBool;
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return is_bool ? kolo::ReduceOp::max : kolo::ReduceOp::sum;
+    case c10d::ReduceOp::PREMUL_SUM:
+      return kolo::ReduceOp::sum;  // the factor is applied first (premul_factor)
+    case c10d::ReduceOp::AVG:
+      if (is_bool) fail(std::string(coll) + ": ReduceOp.AVG is not defined for bool tensors");
+      return kolo::ReduceOp::average;
+    case c10d::ReduceOp::PRODUCT:
+      return is_bool ? kolo::ReduceOp::min : kolo::ReduceOp::product;
+    case c10d::ReduceOp::MIN:
+      return kolo::ReduceOp::min;
+    case c10d::ReduceOp::MAX:
+      return kolo::ReduceOp::max;
+    case c10d::ReduceOp::BOR:
+      if (is_bool) return kolo::ReduceOp::max;
+      break;
+    case c10d::ReduceOp::BAND:
+      if (is_bool) return kolo::ReduceOp::min;
+      break;
+    default:
+      break;
+  }
+  fail(std::string(coll) + ": reduce op " + std::to_string(static_cast<int>(op.op_)) +
+       " (BAND/BOR/BXOR on non-bool tensors, or an unknown op) is not supported");
+}
+
+// PREMUL_SUM's factor (a double or a one-element tensor), or nullopt for other ops.
+std::optional<double> premul_factor(const c10d::ReduceOp& op) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
+  const auto* s = dynamic_cast<const c10d::PreMulSumSupplement*>(op.supplement_.get());
+  if (s == nullptr) fail("PREMUL_SUM without a factor");
+  if (s->tensor_factor.defined()) return s->tensor_factor.to(at::kCPU).item<double>();
+  return s->double_factor;
+}
+
+// A tensor as kolo sees it: contiguous host memory. For a CUDA or non-contiguous tensor `host`
+// is a copy taken when the operation is queued (on the caller's thread, in its stream order),
+// written back into `user` by write_back() when the operation completes.
+struct Staged {
+  at::Tensor user;
+  at::Tensor host;
+  bool copy = false;
+
+  void write_back() const {
+    if (copy) user.copy_(host);
+  }
+  kolo::TensorView view(const char* op) const {
+    return kolo::TensorView(host.data_ptr(), static_cast<std::size_t>(host.numel()),
+                            dtype_for(host, op));
+  }
+};
+
+Staged stage(const at::Tensor& t, const char* op, bool read_input = true) {
+  if (!t.defined()) fail(std::string(op) + ": an undefined tensor");
+  if (t.is_sparse()) fail(std::string(op) + ": sparse tensors are not supported");
+  if (t.device().type() != at::kCPU && t.device().type() != at::kCUDA) {
+    fail(std::string(op) + ": tensors on " + t.device().str() + " are not supported (cpu, cuda)");
+  }
+  dtype_for(t, op);
+  Staged s;
+  s.user = t;
+  if (t.device().is_cpu() && t.is_contiguous()) {
+    s.host = t;
+    return s;
+  }
+  s.copy = true;
+  if (read_input) {
+    s.host = t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  } else {
+    s.host = at::empty(t.sizes(), t.options().device(at::kCPU));
+  }
+  return s;
+}
+
+void check_single(const std::vector<at::Tensor>& ts, const char* op) {
+  if (ts.size() != 1) {
+    fail(std::string(op) + ": expects exactly one tensor per call (got " +
+         std::to_string(ts.size()) + ")");
+  }
+}
+
+void check_root(int root, int size, const char* op) {
+  if (root < 0 || root >= size) {
+    fail(std::string(op) + ": root rank " + std::to_string(root) + " is not in [0, " +
+         std::to_string(size) + ")");
+  }
+}
+
+// One flat contiguous host tensor holding `parts` back to back (for list-of-tensor collectives).
+at::Tensor flat_like(const std::vector<at::Tensor>& parts, const at::Tensor& like) {
+  int64_t n = 0;
+  for (const auto& p : parts) n += p.numel();
+  return at::empty({n}, like.options().device(at::kCPU));
+}
+
+void check_same_dtype(const std::vector<at::Tensor>& parts, at::ScalarType st, const char* op) {
+  for (const auto& p : parts) {
+    if (p.scalar_type() != st) {
+      fail(std::string(op) + ": tensors of different dtypes (" +
+           std::string(c10::toString(p.scalar_type())) + " and " +
+           std::string(c10::toString(st)) + ")");
+    }
+  }
+}
+
+kolo::TensorView view_of(const at::Tensor& host, const char* op) {
+  return kolo::TensorView(host.data_ptr(), static_cast<std::size_t>(host.numel()),
+                          dtype_for(host, op));
+}
+
+// Copies the flat tensor's consecutive slices into `parts` (reshaped to each part's shape).
+void scatter_flat(const at::Tensor& flat, std::vector<at::Tensor>& parts) {
+  int64_t off = 0;
+  for (auto& p : parts) {
+    const int64_t n = p.numel();
+    p.copy_(flat.narrow(0, off, n).view(p.sizes()));
+    off += n;
+  }
+}
+
+// The host copy of `parts` back to back.
+at::Tensor gather_flat(const std::vector<at::Tensor>& parts, const at::Tensor& like) {
+  at::Tensor flat = flat_like(parts, like);
+  int64_t off = 0;
+  for (const auto& p : parts) {
+    const int64_t n = p.numel();
+    flat.narrow(0, off, n).copy_(p.reshape({n}));
+    off += n;
+  }
+  return flat;
+}
+
+
+// ---- kolo API the plugin needs (TEMPORARY shim while the Communicator methods land) ----
+namespace api {
+template <class C>
+void reduce(C& c, kolo::TensorView in, kolo::TensorView out, kolo::ReduceOp op, int root) {
+  if constexpr (requires { c.reduce(in, out, op, root); }) {
+    c.reduce(in, out, op, root);
+  } else {
+    fail("reduce is not available in this kolo");
+  }
+}
+template <class C>
+void gather(C& c, kolo::TensorView in, kolo::TensorView out, int root) {
+  if constexpr (requires { c.gather(in, out, root); }) {
+    c.gather(in, out, root);
+  } else {
+    fail("gather is not available in this kolo");
+  }
+}
+template <class C>
+void scatter(C& c, kolo::TensorView in, kolo::TensorView out, int root) {
+  if constexpr (requires { c.scatter(in, out, root); }) {
+    c.scatter(in, out, root);
+  } else {
+    fail("scatter is not available in this kolo");
+  }
+}
+template <class C>
+void alltoallv(C& c, kolo::TensorView in, const std::vector<std::size_t>& sc, kolo::TensorView out,
+               const std::vector<std::size_t>& rc) {
+  if constexpr (requires { c.alltoallv(in, std::span<const std::size_t>(sc), out,
+                                       std::span<const std::size_t>(rc)); }) {
+    c.alltoallv(in, std::span<const std::size_t>(sc), out, std::span<const std::size_t>(rc));
+  } else {
+    fail("alltoallv is not available in this kolo");
+  }
+}
+// A posted point-to-point operation: poll() is true once it completed.
+template <class C>
+std::function<bool()> post(C& c, bool send, kolo::TensorView v, int peer, int tag) {
+  if constexpr (requires { c.isend(v, peer, tag); c.irecv(v, peer, tag); }) {
+    using Req = decltype(c.isend(v, peer, tag));
+    auto req = std::make_shared<Req>(send ? c.isend(v, peer, tag) : c.irecv(v, peer, tag));
+    return [&c, req] { return c.test(*req); };
+  } else {
+    fail("point-to-point is not available in this kolo");
+  }
+}
+}  // namespace api
+
+std::exception_ptr wrap(const std::exception& e) {
+  const std::string what = e.what();
+  return std::make_exception_ptr(
+      std::runtime_error(what.rfind("kolo", 0) == 0 ? what : "kolo: " + what));
+}
+
+}  // namespace
+
+// ---- KoloWork ----
+
+KoloWork::KoloWork(int rank, c10d::OpType op, const char* title, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, op, title),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()))) {}
+
+void KoloWork::complete(std::exception_ptr error) {
+  finish(error);
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+// ---- the queue ----
+
+struct KoloBackend::Task {
+  c10::intrusive_ptr<KoloWork> work;
+  std::function<void(Task&)> body;
+  // Set by a point-to-point body: true once the posted request completed (may throw).
+  std::function<bool()> poll;
+  // Runs after completion and before the work is marked done (copies back into user tensors).
+  std::function<void()> after;
+};
+
+namespace {
+std::chrono::milliseconds effective_timeout(std::chrono::milliseconds torch_timeout) {
+  if (const char* v = std::getenv("KOLO_TIMEOUT_SECONDS"); v != nullptr && *v != '\0') {
+    return std::chrono::milliseconds(0);  // kolo's own knob wins (read by Topology::for_rank)
+  }
+  return torch_timeout;
+}
+}  // namespace
+
+KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                         std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size), timeout_(timeout) {
+  try {
+    kolo::Topology topo = kolo::Topology::for_rank(rank, size);
+    if (const auto t = effective_timeout(timeout); t.count() > 0) {
+      topo.timeout_seconds = static_cast<double>(t.count()) / 1000.0;
+    }
+    comm_ = std::make_unique<Comm>(std::move(topo), std::make_shared<C10dKvStore>(store),
+                                   "kolo/");
+  } catch (const std::exception& e) {
+    fail(std::string("could not start the process group (rank ") + std::to_string(rank) +
+         " of " + std::to_string(size) + "): " + e.what());
+  }
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+KoloBackend::~KoloBackend() { stop(false, "the process group was destroyed"); }
+
+c10::intrusive_ptr<c10d::Backend> KoloBackend::create(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::duration<float> timeout) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
+  // The rendezvous may wait for other ranks: let other Python threads run meanwhile.
+  pybind11::gil_scoped_release no_gil;
+  return c10::make_intrusive<KoloBackend>(store, rank, size, ms);
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::enqueue(c10d::OpType op, const char* title,
+                                                    std::vector<at::Tensor> outputs,
+                                                    std::function<void(Task&)> body) {
+  auto task = std::make_shared<Task>();
+  task->work = c10::make_intrusive<KoloWork>(rank_, op, title, std::move(outputs));
+  task->body = std::move(body);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) fail(std::string(title) + ": " + stop_reason_);
+    queue_.push_back(task);
+  }
+  cv_.notify_one();
+  return task->work;
+}
+
+void KoloBackend::worker_loop() {
+  std::vector<std::shared_ptr<Task>> posted;  // point-to-point requests in flight
+  auto finish = [](Task& t, std::exception_ptr e) {
+    if (!e && t.after) {
+      try {
+        t.after();
+      } catch (const std::exception& x) {
+        e = wrap(x);
+      }
+    }
+    t.work->complete(e);
+  };
+  for (;;) {
+    std::shared_ptr<Task> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto ready = [&] { return stopping_ || !queue_.empty(); };
+      if (posted.empty()) {
+        cv_.wait(lock, ready);
+      } else {
+        // Requests in flight progress in the transport; look at them again shortly (a
+        // blocking sleep, not a spin: ranks may outnumber cores).
+        cv_.wait_for(lock, std::chrono::microseconds(100), ready);
+      }
+      if (!queue_.empty()) {
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      } else if (stopping_ && posted.empty()) {
+        return;
+      }
+    }
+    if (task) {
+      try {
+        task->body(*task);
+        if (task->poll) {
+          posted.push_back(task);
+        } else {
+          finish(*task, nullptr);
+        }
+      } catch (const std::exception& e) {
+        finish(*task, wrap(e));
+      }
+    }
+    for (auto it = posted.begin(); it != posted.end();) {
+      bool done = false;
+      std::exception_ptr err;
+      try {
+        done = (*it)->poll();
+      } catch (const std::exception& e) {
+        done = true;
+        err = wrap(e);
+      }
+      if (done) {
+        finish(**it, err);
+        it = posted.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+void KoloBackend::stop(bool abort_now, const std::string& why) {
+  std::deque<std::shared_ptr<Task>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_) {
+      stopping_ = true;
+      stop_reason_ = why;
+    }
+    if (abort_now) dropped.swap(queue_);
+  }
+  cv_.notify_all();
+  for (auto& t : dropped) {
+    t->work->complete(std::make_exception_ptr(std::runtime_error("kolo: " + why)));
+  }
+  if (worker_.joinable()) worker_.join();
+  comm_.reset();
+}
+
+void KoloBackend::abort() { stop(true, "the process group was aborted"); }
+void KoloBackend::shutdown() { stop(false, "the process group was shut down"); }
+
+// ---- collectives ----
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                      const c10d::AllreduceOptions& opts) {
+  check_single(tensors, "allreduce");
+  const at::Tensor& t = tensors[0];
+  const kolo::ReduceOp op = reduce_op(opts.reduceOp, t.scalar_type(), "allreduce");
+  const auto factor = premul_factor(opts.reduceOp);
+  auto s = std::make_shared<Staged>(stage(t, "allreduce"));
+  return enqueue(c10d::OpType::ALLREDUCE, "kolo:all_reduce", tensors,
+                 [this, s, op, factor](Task& task) {
+                   if (factor) s->host.mul_(*factor);
+                   comm_->allreduce(s->view("allreduce"), op);
+                   task.after = [s] { s->write_back(); };
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  if (tensors.empty()) fail("allreduce_coalesced: no tensors");
+  const at::ScalarType st = tensors[0].scalar_type();
+  check_same_dtype(tensors, st, "allreduce_coalesced");
+  const kolo::ReduceOp op = reduce_op(opts.reduceOp, st, "allreduce_coalesced");
+  const auto factor = premul_factor(opts.reduceOp);
+  std::vector<at::Tensor> host;
+  for (const auto& t : tensors) host.push_back(stage(t, "allreduce_coalesced").host);
+  auto flat = std::make_shared<at::Tensor>(gather_flat(host, tensors[0]));
+  auto outs = std::make_shared<std::vector<at::Tensor>>(tensors);
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "kolo:all_reduce_coalesced", tensors,
+                 [this, flat, outs, op, factor](Task& task) {
+                   if (factor) flat->mul_(*factor);
+                   comm_->allreduce(view_of(*flat, "allreduce_coalesced"), op);
+                   task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                      const c10d::BroadcastOptions& opts) {
+  check_single(tensors, "broadcast");
+  check_root(static_cast<int>(opts.rootRank), size_, "broadcast");
+  if (opts.rootTensor != 0) fail("broadcast: rootTensor must be 0");
+  const int root = static_cast<int>(opts.rootRank);
+  auto s = std::make_shared<Staged>(stage(tensors[0], "broadcast", rank_ == root));
+  return enqueue(c10d::OpType::BROADCAST, "kolo:broadcast", tensors, [this, s, root](Task& task) {
+    comm_->broadcast(s->view("broadcast"), root);
+    task.after = [s] { s->write_back(); };
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                   const c10d::ReduceOptions& opts) {
+  check_single(tensors, "reduce");
+  const int root = static_cast<int>(opts.rootRank);
+  check_root(root, size_, "reduce");
+  const at::Tensor& t = tensors[0];
+  const kolo::ReduceOp op = reduce_op(opts.reduceOp, t.scalar_type(), "reduce");
+  const auto factor = premul_factor(opts.reduceOp);
+  auto s = std::make_shared<Staged>(stage(t, "reduce"));
+  return enqueue(c10d::OpType::REDUCE, "kolo:reduce", tensors,
+                 [this, s, op, root, factor](Task& task) {
+                   if (factor) s->host.mul_(*factor);
+                   const kolo::TensorView v = s->view("reduce");
+                   api::reduce(*comm_, v, v, op, root);
+                   if (rank_ == root) task.after = [s] { s->write_back(); };
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  check_single(inputs, "allgather");
+  if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
+    fail("allgather: expects one output list of " + std::to_string(size_) + " tensors");
+  }
+  const at::Tensor& in = inputs[0];
+  check_same_dtype(outputs[0], in.scalar_type(), "allgather");
+  auto s = std::make_shared<Staged>(stage(in, "allgather"));
+  auto outs = std::make_shared<std::vector<at::Tensor>>(outputs[0]);
+  std::vector<std::size_t> counts;
+  bool uniform = true;
+  for (const auto& o : *outs) {
+    counts.push_back(static_cast<std::size_t>(o.numel()));
+    uniform = uniform && o.numel() == in.numel();
+  }
+  if (counts[static_cast<std::size_t>(rank_)] != static_cast<std::size_t>(in.numel())) {
+    fail("allgather: output tensor " + std::to_string(rank_) + " has " +
+         std::to_string(counts[static_cast<std::size_t>(rank_)]) +
+         " elements but this rank's input has " + std::to_string(in.numel()));
+  }
+  return enqueue(c10d::OpType::ALLGATHER, "kolo:all_gather", outputs[0],
+                 [this, s, outs, counts, uniform](Task& task) {
+                   auto flat = std::make_shared<at::Tensor>(flat_like(*outs, s->host));
+                   if (uniform) {
+                     comm_->allgather(s->view("allgather"), view_of(*flat, "allgather"));
+                   } else {
+                     comm_->allgatherv(s->view("allgather"), view_of(*flat, "allgather"), counts);
+                   }
+                   task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                            const c10d::AllgatherOptions& opts) {
+  return all_gather_single(output, input, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::all_gather_single(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
+  if (output.scalar_type() != input.scalar_type()) {
+    fail("all_gather_into_tensor: output and input dtypes differ");
+  }
+  if (output.numel() != input.numel() * size_) {
+    fail("all_gather_into_tensor: output has " + std::to_string(output.numel()) +
+         " elements, expected world size x input = " + std::to_string(size_) + " x " +
+         std::to_string(input.numel()));
+  }
+  auto in = std::make_shared<Staged>(stage(input, "all_gather_into_tensor"));
+  auto out = std::make_shared<Staged>(stage(output, "all_gather_into_tensor", false));
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "kolo:all_gather_into_tensor", {output},
+                 [this, in, out](Task& task) {
+                   comm_->allgather(in->view("all_gather_into_tensor"),
+                                    out->view("all_gather_into_tensor"));
+                   task.after = [out] { out->write_back(); };
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  if (outputs.size() != inputs.size()) {
+    fail("allgather_coalesced: " + std::to_string(outputs.size()) + " output lists for " +
+         std::to_string(inputs.size()) + " inputs");
+  }
+  std::vector<std::shared_ptr<Staged>> ins;
+  std::vector<at::Tensor> all_outputs;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (static_cast<int>(outputs[i].size()) != size_) {
+      fail("allgather_coalesced: output list " + std::to_string(i) + " has " +
+           std::to_string(outputs[i].size()) + " tensors for a world of " +
+           std::to_string(size_));
+    }
+    for (const auto& o : outputs[i]) {
+      if (o.numel() != inputs[i].numel() || o.scalar_type() != inputs[i].scalar_type()) {
+        fail("allgather_coalesced: output tensors must match their input in size and dtype");
+      }
+      all_outputs.push_back(o);
+    }
+    ins.push_back(std::make_shared<Staged>(stage(inputs[i], "allgather_coalesced")));
+  }
+  auto outs = std::make_shared<std::vector<std::vector<at::Tensor>>>(outputs);
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "kolo:all_gather_coalesced", all_outputs,
+                 [this, ins, outs](Task& task) {
+                   auto flats = std::make_shared<std::vector<at::Tensor>>();
+                   for (std::size_t i = 0; i < ins.size(); ++i) {
+                     flats->push_back(flat_like((*outs)[i], ins[i]->host));
+                     comm_->allgather(ins[i]->view("allgather_coalesced"),
+                                      view_of(flats->back(), "allgather_coalesced"));
+                   }
+                   task.after = [flats, outs] {
+                     for (std::size_t i = 0; i < flats->size(); ++i) {
+                       scatter_flat((*flats)[i], (*outs)[i]);
+                     }
+                   };
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return all_gather_single_coalesced(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::all_gather_single_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  if (outputs.size() != inputs.size()) fail("allgather_into_tensor_coalesced: count mismatch");
+  std::vector<std::pair<std::shared_ptr<Staged>, std::shared_ptr<Staged>>> pairs;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (outputs[i].numel() != inputs[i].numel() * size_ ||
+        outputs[i].scalar_type() != inputs[i].scalar_type()) {
+      fail("allgather_into_tensor_coalesced: output " + std::to_string(i) +
+           " must be world size x its input, same dtype");
+    }
+    pairs.emplace_back(std::make_shared<Staged>(stage(inputs[i], "allgather_into_tensor")),
+                       std::make_shared<Staged>(stage(outputs[i], "allgather_into_tensor", false)));
+  }
+  return enqueue(c10d::OpType::COALESCED, "kolo:all_gather_into_tensor_coalesced", outputs,
+                 [this, pairs](Task& task) {
+                   for (const auto& [in, out] : pairs) {
+                     comm_->allgather(in->view("allgather_into_tensor"),
+                                      out->view("allgather_into_tensor"));
+                   }
+                   task.after = [pairs] {
+                     for (const auto& p : pairs) p.second->write_back();
+                   };
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const c10d::GatherOptions& opts) {
+  check_single(inputs, "gather");
+  const int root = static_cast<int>(opts.rootRank);
+  check_root(root, size_, "gather");
+  const at::Tensor& in = inputs[0];
+  std::vector<at::Tensor> outs_list;
+  if (rank_ == root) {
+    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
+      fail("gather: the root expects one output list of " + std::to_string(size_) + " tensors");
+    }
+    for (const auto& o : outputs[0]) {
+      if (o.numel() != in.numel() || o.scalar_type() != in.scalar_type()) {
+        fail("gather: every output tensor must match the input in size and dtype");
+      }
+    }
+    outs_list = outputs[0];
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    fail("gather: only the root (rank " + std::to_string(root) + ") passes output tensors");
+  }
+  auto s = std::make_shared<Staged>(stage(in, "gather"));
+  auto outs = std::make_shared<std::vector<at::Tensor>>(outs_list);
+  return enqueue(c10d::OpType::GATHER, "kolo:gather", outs_list,
+                 [this, s, outs, root](Task& task) {
+                   if (rank_ == root) {
+                     auto flat = std::make_shared<at::Tensor>(flat_like(*outs, s->host));
+                     api::gather(*comm_, s->view("gather"), view_of(*flat, "gather"), root);
+                     task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+                   } else {
+                     api::gather(*comm_, s->view("gather"), kolo::TensorView(), root);
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                    std::vector<std::vector<at::Tensor>>& inputs,
+                                                    const c10d::ScatterOptions& opts) {
+  check_single(outputs, "scatter");
+  const int root = static_cast<int>(opts.rootRank);
+  check_root(root, size_, "scatter");
+  const at::Tensor& out = outputs[0];
+  std::shared_ptr<at::Tensor> flat;
+  if (rank_ == root) {
+    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
+      fail("scatter: the root expects one input list of " + std::to_string(size_) + " tensors");
+    }
+    std::vector<at::Tensor> host;
+    for (const auto& i : inputs[0]) {
+      if (i.numel() != out.numel() || i.scalar_type() != out.scalar_type()) {
+        fail("scatter: every input tensor must match the output in size and dtype");
+      }
+      host.push_back(stage(i, "scatter").host);
+    }
+    flat = std::make_shared<at::Tensor>(gather_flat(host, out));
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    fail("scatter: only the root (rank " + std::to_string(root) + ") passes input tensors");
+  }
+  auto s = std::make_shared<Staged>(stage(out, "scatter", false));
+  return enqueue(c10d::OpType::SCATTER, "kolo:scatter", outputs,
+                 [this, s, flat, root](Task& task) {
+                   api::scatter(*comm_, flat ? view_of(*flat, "scatter") : kolo::TensorView(),
+                                  s->view("scatter"), root);
+                   task.after = [s] { s->write_back(); };
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  check_single(outputs, "reduce_scatter");
+  const at::Tensor& out = outputs[0];
+  if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
+    fail("reduce_scatter: expects one input list of " + std::to_string(size_) + " tensors");
+  }
+  std::vector<at::Tensor> host;
+  for (const auto& i : inputs[0]) {
+    if (i.numel() != out.numel() || i.scalar_type() != out.scalar_type()) {
+      fail("reduce_scatter: every input tensor must match the output in size and dtype");
+    }
+    host.push_back(stage(i, "reduce_scatter").host);
+  }
+  const kolo::ReduceOp op = reduce_op(opts.reduceOp, out.scalar_type(), "reduce_scatter");
+  const auto factor = premul_factor(opts.reduceOp);
+  auto flat = std::make_shared<at::Tensor>(gather_flat(host, out));
+  auto s = std::make_shared<Staged>(stage(out, "reduce_scatter", false));
+  return enqueue(c10d::OpType::REDUCE_SCATTER, "kolo:reduce_scatter", outputs,
+                 [this, s, flat, op, factor](Task& task) {
+                   if (factor) flat->mul_(*factor);
+                   comm_->reduce_scatter(view_of(*flat, "reduce_scatter"),
+                                         s->view("reduce_scatter"), op);
+                   task.after = [s] { s->write_back(); };
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  return reduce_scatter_single(output, input, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter_single(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  if (output.scalar_type() != input.scalar_type()) {
+    fail("reduce_scatter_tensor: output and input dtypes differ");
+  }
+  if (input.numel() != output.numel() * size_) {
+    fail("reduce_scatter_tensor: input has " + std::to_string(input.numel()) +
+         " elements, expected world size x output = " + std::to_string(size_) + " x " +
+         std::to_string(output.numel()));
+  }
+  const kolo::ReduceOp op = reduce_op(opts.reduceOp, output.scalar_type(), "reduce_scatter");
+  const auto factor = premul_factor(opts.reduceOp);
+  // The input is scaled in place for PREMUL_SUM: take a copy then.
+  auto in = std::make_shared<Staged>(stage(factor ? input.clone() : input, "reduce_scatter"));
+  auto out = std::make_shared<Staged>(stage(output, "reduce_scatter", false));
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "kolo:reduce_scatter_tensor", {output},
+                 [this, in, out, op, factor](Task& task) {
+                   if (factor) in->host.mul_(*factor);
+                   comm_->reduce_scatter(in->view("reduce_scatter"), out->view("reduce_scatter"),
+                                         op);
+                   task.after = [out] { out->write_back(); };
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  return reduce_scatter_single_coalesced(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter_single_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  if (outputs.size() != inputs.size()) fail("reduce_scatter_tensor_coalesced: count mismatch");
+  std::vector<std::pair<std::shared_ptr<Staged>, std::shared_ptr<Staged>>> pairs;
+  std::vector<kolo::ReduceOp> ops;
+  const auto factor = premul_factor(opts.reduceOp);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].numel() != outputs[i].numel() * size_ ||
+        outputs[i].scalar_type() != inputs[i].scalar_type()) {
+      fail("reduce_scatter_tensor_coalesced: input " + std::to_string(i) +
+           " must be world size x its output, same dtype");
+    }
+    ops.push_back(reduce_op(opts.reduceOp, outputs[i].scalar_type(), "reduce_scatter"));
+    pairs.emplace_back(
+        std::make_shared<Staged>(stage(factor ? inputs[i].clone() : inputs[i], "reduce_scatter")),
+        std::make_shared<Staged>(stage(outputs[i], "reduce_scatter", false)));
+  }
+  return enqueue(c10d::OpType::COALESCED, "kolo:reduce_scatter_tensor_coalesced", outputs,
+                 [this, pairs, ops, factor](Task& task) {
+                   for (std::size_t i = 0; i < pairs.size(); ++i) {
+                     if (factor) pairs[i].first->host.mul_(*factor);
+                     comm_->reduce_scatter(pairs[i].first->view("reduce_scatter"),
+                                           pairs[i].second->view("reduce_scatter"), ops[i]);
+                   }
+                   task.after = [pairs] {
+                     for (const auto& p : pairs) p.second->write_back();
+                   };
+                 });
+}
+
+namespace {
+// Element counts per peer from torch's split sizes (rows of dim 0), or an even split.
+std::vector<std::size_t> split_counts(const at::Tensor& t, const std::vector<int64_t>& splits,
+                                      int size, const char* what) {
+  std::vector<std::size_t> counts(static_cast<std::size_t>(size));
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  const int64_t row = rows == 0 ? 0 : t.numel() / rows;
+  if (splits.empty()) {
+    if (rows % size != 0) {
+      fail(std::string("all_to_all_single: ") + what + " has " + std::to_string(rows) +
+           " rows, not divisible by the world size " + std::to_string(size) +
+           " (pass split sizes)");
+    }
+    std::fill(counts.begin(), counts.end(), static_cast<std::size_t>(rows / size * row));
+    return counts;
+  }
+  if (static_cast<int>(splits.size()) != size) {
+    fail(std::string("all_to_all_single: ") + what + " split sizes have " +
+         std::to_string(splits.size()) + " entries for a world of " + std::to_string(size));
+  }
+  int64_t sum = 0;
+  for (std::size_t i = 0; i < splits.size(); ++i) {
+    if (splits[i] < 0) fail(std::string("all_to_all_single: a negative ") + what + " split size");
+    sum += splits[i];
+    counts[i] = static_cast<std::size_t>(splits[i] * row);
+  }
+  if (sum != rows) {
+    fail(std::string("all_to_all_single: ") + what + " split sizes add up to " +
+         std::to_string(sum) + " but the tensor has " + std::to_string(rows) + " rows");
+  }
+  return counts;
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                          std::vector<int64_t>& output_splits,
+                                                          std::vector<int64_t>& input_splits,
+                                                          const c10d::AllToAllOptions& opts) {
+  return all_to_all_single(output, input, output_splits, input_splits, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::all_to_all_single(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+    std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& /*opts*/) {
+  if (output.scalar_type() != input.scalar_type()) {
+    fail("all_to_all_single: output and input dtypes differ");
+  }
+  const auto send = split_counts(input, input_splits, size_, "input");
+  const auto recv = split_counts(output, output_splits, size_, "output");
+  auto in = std::make_shared<Staged>(stage(input, "all_to_all_single"));
+  auto out = std::make_shared<Staged>(stage(output, "all_to_all_single", false));
+  return enqueue(c10d::OpType::ALLTOALL_BASE, "kolo:all_to_all_single", {output},
+                 [this, in, out, send, recv](Task& task) {
+                   api::alltoallv(*comm_, in->view("all_to_all_single"), send,
+                                    out->view("all_to_all_single"), recv);
+                   task.after = [out] { out->write_back(); };
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllToAllOptions& /*opts*/) {
+  if (static_cast<int>(outputs.size()) != size_ || static_cast<int>(inputs.size()) != size_) {
+    fail("all_to_all: expects " + std::to_string(size_) + " input and output tensors");
+  }
+  const at::ScalarType st = inputs[0].scalar_type();
+  check_same_dtype(inputs, st, "all_to_all");
+  check_same_dtype(outputs, st, "all_to_all");
+  std::vector<std::size_t> send;
+  std::vector<std::size_t> recv;
+  std::vector<at::Tensor> host;
+  for (const auto& i : inputs) {
+    send.push_back(static_cast<std::size_t>(i.numel()));
+    host.push_back(stage(i, "all_to_all").host);
+  }
+  for (const auto& o : outputs) recv.push_back(static_cast<std::size_t>(o.numel()));
+  auto flat_in = std::make_shared<at::Tensor>(gather_flat(host, inputs[0]));
+  auto outs = std::make_shared<std::vector<at::Tensor>>(outputs);
+  return enqueue(c10d::OpType::ALLTOALL, "kolo:all_to_all", outputs,
+                 [this, flat_in, outs, send, recv](Task& task) {
+                   auto flat_out = std::make_shared<at::Tensor>(flat_like(*outs, *flat_in));
+                   api::alltoallv(*comm_, view_of(*flat_in, "all_to_all"), send,
+                                    view_of(*flat_out, "all_to_all"), recv);
+                   task.after = [flat_out, outs] { scatter_flat(*flat_out, *outs); };
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::barrier(const c10d::BarrierOptions& /*opts*/) {
+  return enqueue(c10d::OpType::BARRIER, "kolo:barrier", {},
+                 [this](Task& /*task*/) { comm_->barrier(); });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::send(std::vector<at::Tensor>& tensors, int dst,
+                                                 int tag) {
+  check_single(tensors, "send");
+  check_root(dst, size_, "send");
+  auto s = std::make_shared<Staged>(stage(tensors[0], "send"));
+  return enqueue(c10d::OpType::SEND, "kolo:send", tensors, [this, s, dst, tag](Task& task) {
+    auto poll = api::post(*comm_, true, s->view("send"), dst, tag);
+    task.poll = [s, poll] { return poll(); };
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::recv(std::vector<at::Tensor>& tensors, int src,
+                                                 int tag) {
+  check_single(tensors, "recv");
+  check_root(src, size_, "recv");
+  auto s = std::make_shared<Staged>(stage(tensors[0], "recv", false));
+  auto work = enqueue(c10d::OpType::RECV, "kolo:recv", tensors, [this, s, src, tag](Task& task) {
+    auto poll = api::post(*comm_, false, s->view("recv"), src, tag);
+    task.poll = [s, poll] { return poll(); };
+    task.after = [s] { s->write_back(); };
+  });
+  static_cast<KoloWork*>(work.get())->set_source_rank(src);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> KoloBackend::recvAnysource(std::vector<at::Tensor>& /*tensors*/,
+                                                          int /*tag*/) {
+  fail("recv from any source is not supported: pass the source rank (src=...)");
+}
+
+c10::intrusive_ptr<c10d::Backend> KoloBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const std::vector<int>& ranks,
+                                                     const c10::intrusive_ptr<Options>& /*opts*/) {
+  const auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) return nullptr;
+  return c10::make_intrusive<KoloBackend>(store, static_cast<int>(it - ranks.begin()),
+                                          static_cast<int>(ranks.size()), timeout_);
+}
+
+}  // namespace kolo_torch
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "kolo as a torch.distributed backend (native part of kolo_torch)";
+  m.def("create_backend", &kolo_torch::KoloBackend::create, pybind11::arg("store"),
+        pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
+        "Creates the kolo backend of one process group: (store, rank, world size, timeout).");
+  m.def(
+      "communicator_allreduce_",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, at::Tensor& t) {
+        auto* kb = dynamic_cast<kolo_torch::KoloBackend*>(backend.get());
+        if (kb == nullptr) throw std::runtime_error("kolo: not a kolo backend");
+        if (!t.is_contiguous() || !t.device().is_cpu()) {
+          throw std::runtime_error("kolo: a contiguous CPU tensor is needed");
+        }
+        pybind11::gil_scoped_release no_gil;
+        // Straight on the communicator, bypassing the queue: for benchmarks that measure what
+        // the plugin adds (use only while no other operation of this group is in flight).
+        kb->communicator().allreduce(kolo_torch::view_of(t, "allreduce"), kolo::ReduceOp::sum);
+      },
+      "Benchmark helper: a sum allreduce straight on the kolo communicator.");
+}

@@ -1,0 +1,163 @@
+// kolo_backend.hpp — kolo as a torch.distributed backend ("kolo"): a c10d::Backend whose
+// collectives run on kolo's Communicator, bootstrapped through the c10d::Store torch hands it.
+//
+// Threading: every call from Python only validates its arguments and queues a task; one worker
+// thread per backend runs the tasks in issue order, so the calling thread never blocks on
+// communication (DDP's reducer relies on that). Point-to-point operations are posted without
+// waiting and completed as the transport delivers them, so a rank may isend to a peer and then
+// irecv from it. Each task completes its KoloWork: wait() returns or rethrows, and getFuture()'s
+// future is marked completed with the output tensors (or with the error).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <kolo/communicator.hpp>
+
+namespace kolo_torch {
+
+// The result of one operation: torch's Work, plus the future DDP's reducer and comm hooks use.
+class KoloWork : public c10d::Work {
+ public:
+  KoloWork(int rank, c10d::OpType op, const char* title, std::vector<at::Tensor> outputs);
+
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  int sourceRank() const override { return source_rank_; }
+
+  // Marks the work done (nullptr: success) and completes the future. Called once.
+  void complete(std::exception_ptr error);
+  void set_source_rank(int r) { source_rank_ = r; }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  int source_rank_ = -1;
+};
+
+class KoloBackend : public c10d::Backend {
+ public:
+  using Comm = kolo::Communicator<>;
+
+  // Builds the communicator (a rendezvous through `store`: every rank of the group calls this
+  // at the same point, as for any torch backend). timeout bounds every collective unless
+  // KOLO_TIMEOUT_SECONDS is set.
+  KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+              std::chrono::milliseconds timeout);
+  ~KoloBackend() override;
+
+  // torch.distributed.Backend.register_backend's creator: (store, rank, size, timeout).
+  static c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store>& store,
+                                                  int rank, int size,
+                                                  std::chrono::duration<float> timeout);
+
+  const std::string getBackendName() const override { return "kolo"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& output, at::Tensor& input,
+                                                   const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                   std::vector<int64_t>& output_splits,
+                                                   std::vector<int64_t>& input_splits,
+                                                   const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+
+  // Fails every queued and running operation and releases the connections; later calls raise.
+  void abort() override;
+  // Finishes the queued operations, then releases everything.
+  void shutdown() override;
+
+  // For tests and benchmarks: the kolo communicator under this backend.
+  Comm& communicator() { return *comm_; }
+
+ private:
+  struct Task;
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType op, const char* title,
+                                         std::vector<at::Tensor> outputs,
+                                         std::function<void(Task&)> body);
+  void worker_loop();
+  void stop(bool abort_now, const std::string& why);
+
+  std::unique_ptr<Comm> comm_;
+  std::chrono::milliseconds timeout_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Task>> queue_;
+  bool stopping_ = false;
+  std::string stop_reason_;
+  std::thread worker_;
+};
+
+}  // namespace kolo_torch

@@ -1,0 +1,30 @@
+"""kolo as a torch.distributed backend.
+
+    import torch.distributed as dist
+    dist.init_process_group("kolo")          # torch loads kolo_torch through its entry point
+    dist.all_reduce(tensor)
+
+`import kolo_torch` registers the backend too (for torch versions that do not load backend
+entry points). Rank, world size and rendezvous are torch's own (env://, tcp://, file://, a
+TCPStore you pass); kolo's KOLO_* variables tune it (KOLO_TRANSPORT, KOLO_TIMEOUT_SECONDS,
+KOLO_ALLREDUCE, ...). See docs/torch.md.
+"""
+import torch  # noqa: F401  (loads libtorch before the extension)
+import torch.distributed as dist
+
+from . import _C
+
+__all__ = ["register", "BACKEND_NAME", "create_backend"]
+
+BACKEND_NAME = "kolo"
+create_backend = _C.create_backend
+
+
+def register():
+    """Registers the "kolo" backend with torch.distributed (idempotent)."""
+    if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _C.create_backend, devices=["cpu", "cuda"])
+
+
+register()
