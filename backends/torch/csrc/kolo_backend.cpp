@@ -320,8 +320,44 @@ KoloWork::KoloWork(int rank, c10d::OpType op, const char* title, std::vector<at:
       future_(c10::make_intrusive<c10::ivalue::Future>(
           c10::ListType::create(c10::TensorType::get()))) {}
 
+// How long a waiting thread spins (yielding) before it blocks: KOLO_TORCH_SPIN_US, default 50.
+std::chrono::microseconds spin_budget() {
+  static const std::chrono::microseconds us = [] {
+    if (const char* v = std::getenv("KOLO_TORCH_SPIN_US"); v != nullptr && *v != '\0') {
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (end == v || *end != '\0' || n < 0 || n > 1000000) {
+        throw std::runtime_error(std::string("kolo: KOLO_TORCH_SPIN_US=") + v +
+                                 " is not a number of microseconds in 0..1000000");
+      }
+      return std::chrono::microseconds(n);
+    }
+    return std::chrono::microseconds(50);
+  }();
+  return us;
+}
+
+// Spins up to the budget (sched_yield between looks) until pred() holds; true if it did.
+template <class Pred>
+bool spin_until(Pred pred) {
+  const auto budget = spin_budget();
+  if (budget.count() == 0) return pred();
+  const auto end = std::chrono::steady_clock::now() + budget;
+  do {
+    if (pred()) return true;
+    std::this_thread::yield();
+  } while (std::chrono::steady_clock::now() < end);
+  return pred();
+}
+
+bool KoloWork::wait(std::chrono::milliseconds timeout) {
+  spin_until([this] { return done_.load(std::memory_order_acquire); });
+  return c10d::Work::wait(timeout);
+}
+
 void KoloWork::complete(std::exception_ptr error) {
   finish(error);
+  done_.store(true, std::memory_order_release);
   if (error) {
     future_->setError(error);
   } else {
@@ -387,6 +423,7 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::enqueue(c10d::OpType op, const char*
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) fail(std::string(title) + ": " + stop_reason_);
     queue_.push_back(task);
+    queued_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_one();
   return task->work;
@@ -406,6 +443,7 @@ void KoloBackend::worker_loop() {
   };
   for (;;) {
     std::shared_ptr<Task> task;
+    if (posted.empty()) spin_until([this] { return queued_.load(std::memory_order_acquire) > 0; });
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto ready = [&] { return stopping_ || !queue_.empty(); };
@@ -419,6 +457,7 @@ void KoloBackend::worker_loop() {
       if (!queue_.empty()) {
         task = std::move(queue_.front());
         queue_.pop_front();
+        queued_.fetch_sub(1, std::memory_order_relaxed);
       } else if (stopping_ && posted.empty()) {
         return;
       }
@@ -462,7 +501,10 @@ void KoloBackend::stop(bool abort_now, const std::string& why) {
       stopping_ = true;
       stop_reason_ = why;
     }
-    if (abort_now) dropped.swap(queue_);
+    if (abort_now) {
+      dropped.swap(queue_);
+      queued_.store(0);
+    }
   }
   cv_.notify_all();
   for (auto& t : dropped) {

@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -35,6 +36,9 @@ class KoloWork : public c10d::Work {
   KoloWork(int rank, c10d::OpType op, const char* title, std::vector<at::Tensor> outputs);
 
   std::vector<at::Tensor> result() override { return outputs_; }
+  // Spins briefly (yielding the core) before blocking: a small collective completes within
+  // microseconds, and a blocked thread's wake-up costs tens of them on a loaded VM.
+  bool wait(std::chrono::milliseconds timeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   int sourceRank() const override { return source_rank_; }
 
@@ -46,6 +50,7 @@ class KoloWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int source_rank_ = -1;
+  std::atomic<bool> done_{false};
 };
 
 class KoloBackend : public c10d::Backend {
@@ -155,6 +160,7 @@ class KoloBackend : public c10d::Backend {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Task>> queue_;
+  std::atomic<std::size_t> queued_{0};  // queue_.size(), readable without the lock
   bool stopping_ = false;
   std::string stop_reason_;
   std::thread worker_;
