@@ -39,6 +39,15 @@ echo "ninja $(ninja --version)"
 g++ --version | head -1
 echo "cores: $(nproc), jobs: $jobs, KOLO_TIMEOUT_SECONDS=$KOLO_TIMEOUT_SECONDS"
 
+section "python test environment (tests/pyenv.sh: torch, pyspark, pytest; cached)"
+# Installed here, before CTest, so the minutes of its first install are not taken out of a test's
+# timeout. The Python suites (spark/, torch/) call the same script and find it ready.
+started=$SECONDS
+if ! KOLO_PYTHON_ENV=$(bash "$repo/tests/pyenv.sh"); then
+  echo "tests/pyenv.sh failed: the Python suites (torch/, spark/) will fail" >&2
+fi
+echo "python: ${KOLO_PYTHON_ENV:-none} ($((SECONDS - started)) s)"
+
 section "configure ($build_type) into $build_dir"
 # -O2: the level the suite is developed and timed at (Release defaults to -O3).
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" \
