@@ -389,6 +389,7 @@ KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                          std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size), timeout_(timeout) {
   try {
+    spin_budget();  // KOLO_TORCH_SPIN_US is checked here, on every rank alike
     kolo::Topology topo = kolo::Topology::for_rank(rank, size);
     if (const auto t = effective_timeout(timeout); t.count() > 0) {
       topo.timeout_seconds = static_cast<double>(t.count()) / 1000.0;
