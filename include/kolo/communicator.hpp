@@ -17,15 +17,19 @@
 //   alltoall        in.count == out.count, divisible by size
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <ranges>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kolo/algorithm/allreduce_double_tree.hpp"
@@ -41,6 +45,7 @@
 #include "kolo/algorithm/ring_allgather.hpp"
 #include "kolo/algorithm/ring_allreduce.hpp"
 #include "kolo/algorithm/ring_reduce_scatter.hpp"
+#include "kolo/algorithm/rooted.hpp"
 #include "kolo/algorithm/selector.hpp"
 #include "kolo/algorithm/tuning_probe.hpp"
 #include "kolo/core/env.hpp"
@@ -87,6 +92,24 @@ template <class T>
 concept HasNativeBarrier = requires(T& t, const AlgoOptions& o) {
   { t.native_barrier(o) } -> std::same_as<bool>;
 };
+
+// A buffer a collective accepts directly: any contiguous, sized range of a kolo element type
+// (std::vector<float>, std::array<int32_t, N>, std::span<bfloat16>, a user type modelling
+// std::ranges::contiguous_range), as KaMPIng accepts. Anything else fails this concept with a
+// one-line error instead of a page of template instantiations.
+template <class R>
+concept ContiguousBuffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
+    is_kolo_element_v<std::remove_cv_t<std::ranges::range_value_t<R>>>;
+
+// The view of such a range (elements, not bytes).
+template <ContiguousBuffer R>
+TensorView buffer_view(R&& r) {
+  using E = std::remove_cv_t<std::ranges::range_value_t<R>>;
+  return TensorView(const_cast<E*>(std::ranges::data(r)), std::ranges::size(r), dtype_of<E>());
+}
+
+// Communicator::split's color for ranks that join no new communicator (MPI_UNDEFINED).
+inline constexpr int kUndefinedColor = -1;
 
 struct CommunicatorOptions {
   std::size_t segment_bytes = 256 * 1024;
@@ -210,6 +233,7 @@ class Communicator {
         throw ConfigError("allreduce: input has " + std::to_string(in.count) +
                           " elements but output has " + std::to_string(out.count));
       }
+      check_overlap("allreduce", in, out, in.data);
       if constexpr (HasNativeAllreduce<T>) {
         if (transport_->native_allreduce(in.data, out.data, in.count, in.dtype, op, opt)) return;
       }
@@ -217,10 +241,10 @@ class Communicator {
     });
   }
   void allreduce(TensorView inout, ReduceOp op = ReduceOp::sum) { allreduce(inout, inout, op); }
-  template <class E>
-  requires is_kolo_element_v<E>
-  void allreduce(std::span<E> inout, ReduceOp op = ReduceOp::sum) {
-    allreduce(TensorView(inout), op);
+  // In place on any contiguous range: comm.allreduce(vec), comm.allreduce(vec, ReduceOp::max).
+  template <ContiguousBuffer R>
+  void allreduce(R&& inout, ReduceOp op = ReduceOp::sum) {
+    allreduce(buffer_view(inout), op);
   }
 
   // ---- allgather / allgatherv ----
@@ -235,6 +259,8 @@ class Communicator {
                               " elements, expected size x input = " + std::to_string(size()) +
                               " x " + std::to_string(in.count));
           }
+          check_overlap("allgather", in, out,
+                        out.byte_data() + static_cast<std::size_t>(rank()) * in.bytes());
           if constexpr (HasNativeAllgatherv<T>) {
             const std::vector<std::size_t> counts(static_cast<std::size_t>(size()), in.count);
             if (transport_->native_allgatherv(in.data, out.data, counts, in.dtype, opt)) return;
@@ -270,6 +296,9 @@ class Communicator {
         throw ConfigError("allgatherv: output has " + std::to_string(out.count) +
                           " elements, the counts add up to " + std::to_string(total));
       }
+      const std::size_t before =
+          std::accumulate(counts.begin(), counts.begin() + rank(), std::size_t{0});
+      check_overlap("allgatherv", in, out, out.byte_data() + before * dtype_size(out.dtype));
       if constexpr (HasNativeAllgatherv<T>) {
         if (transport_->native_allgatherv(in.data, out.data, counts, in.dtype, opt)) return;
       }
@@ -294,9 +323,10 @@ class Communicator {
           }
         });
   }
-  template <class E>
-  requires is_kolo_element_v<E>
-  void broadcast(std::span<E> data, int root = 0) { broadcast(TensorView(data), root); }
+  template <ContiguousBuffer R>
+  void broadcast(R&& data, int root = 0) {
+    broadcast(buffer_view(data), root);
+  }
 
   // ---- reduce_scatter ----
   void reduce_scatter(TensorView in, TensorView out, ReduceOp op = ReduceOp::sum) {
@@ -309,6 +339,8 @@ class Communicator {
                           " elements, expected size x output = " + std::to_string(size()) + " x " +
                           std::to_string(out.count));
       }
+      check_overlap("reduce_scatter", in, out,
+                    in.byte_data() + static_cast<std::size_t>(rank()) * out.bytes());
       if constexpr (HasNativeReduceScatter<T>) {
         if (transport_->native_reduce_scatter(in.data, out.data, out.count, in.dtype, op, opt)) {
           return;
@@ -334,6 +366,7 @@ class Communicator {
           if (in.data == out.data && in.count > 0 && size() > 1) {
             throw ConfigError("alltoall: in-place is not supported; pass distinct buffers");
           }
+          check_overlap("alltoall", in, out, nullptr);
           if constexpr (HasNativeAlltoall<T>) {
             if (transport_->native_alltoall(in.data, out.data,
                                             in.count / static_cast<std::size_t>(size()), in.dtype,
@@ -357,7 +390,295 @@ class Communicator {
     });
   }
 
+  // ---- reduce (to one root) ----
+  // The root's `out` receives the reduction of every rank's `in` (in.count elements); on other
+  // ranks `out` is ignored (pass TensorView{}). In place on the root: out.data == in.data.
+  // Small messages go up a binomial tree (log2 n steps); large ones run the selected allreduce,
+  // whose result non-roots discard (the same bandwidth term as reduce-scatter + gather).
+  void reduce(TensorView in, TensorView out, ReduceOp op, int root) {
+    run(Collective::reduce, in.dtype, op, in.count, root, 0, [&](const AlgoOptions& opt) {
+      check_cpu(in, "reduce input");
+      check_root(root, "reduce");
+      const bool is_root = rank() == root;
+      if (is_root) {
+        check_cpu(out, "reduce output");
+        same_type(in, out, "reduce");
+        if (in.count != out.count) {
+          throw ConfigError("reduce: input has " + std::to_string(in.count) +
+                            " elements but the root's output has " + std::to_string(out.count));
+        }
+        check_overlap("reduce", in, out, in.data);
+      }
+      const std::size_t bytes = in.bytes();
+      if (bytes <= kRootedTreeBytes || size() <= 2) {
+        reduce_binomial(*transport_, in.data, is_root ? out.data : nullptr, in.count, in.dtype, op,
+                        root, scratch_, opt);
+        return;
+      }
+      if (is_root) {
+        run_allreduce(in.data, out.data, in.count, in.dtype, op, opt);
+      } else {
+        if (reduce_scratch_.size() < bytes) reduce_scratch_.resize(bytes);
+        run_allreduce(in.data, reduce_scratch_.data(), in.count, in.dtype, op, opt);
+      }
+    });
+  }
+  template <ContiguousBuffer R>
+  void reduce(R&& inout, ReduceOp op, int root) {
+    const TensorView v = buffer_view(inout);
+    reduce(v, v, op, root);
+  }
+
+  // ---- gather / scatter ----
+  // gather: the root's `out` (size * in.count elements) receives rank p's `in` as block p;
+  // `out` is ignored elsewhere. In place on the root: in.data == out's block `root`.
+  void gather(TensorView in, TensorView out, int root) {
+    run(Collective::gather, in.dtype, ReduceOp::sum, in.count, root, 0,
+        [&](const AlgoOptions& opt) {
+          check_cpu(in, "gather input");
+          check_root(root, "gather");
+          if (rank() == root) {
+            check_cpu(out, "gather output");
+            same_type(in, out, "gather");
+            if (out.count != in.count * static_cast<std::size_t>(size())) {
+              throw ConfigError("gather: the root's output has " + std::to_string(out.count) +
+                                " elements, expected size x input = " + std::to_string(size()) +
+                                " x " + std::to_string(in.count));
+            }
+            check_overlap("gather", in, out,
+                          out.byte_data() + static_cast<std::size_t>(root) * in.bytes());
+          }
+          gather_direct(*transport_, in.data, out.data, in.bytes(), root, opt);
+        });
+  }
+  // scatter: rank p's `out` receives block p of the root's `in` (size * out.count elements);
+  // `in` is ignored elsewhere. In place on the root: out.data == in's block `root`.
+  void scatter(TensorView in, TensorView out, int root) {
+    run(Collective::scatter, out.dtype, ReduceOp::sum, out.count, root, 0,
+        [&](const AlgoOptions& opt) {
+          check_cpu(out, "scatter output");
+          check_root(root, "scatter");
+          if (rank() == root) {
+            check_cpu(in, "scatter input");
+            same_type(in, out, "scatter");
+            if (in.count != out.count * static_cast<std::size_t>(size())) {
+              throw ConfigError("scatter: the root's input has " + std::to_string(in.count) +
+                                " elements, expected size x output = " + std::to_string(size()) +
+                                " x " + std::to_string(out.count));
+            }
+            check_overlap("scatter", out, in,
+                          in.byte_data() + static_cast<std::size_t>(root) * out.bytes());
+          }
+          scatter_direct(*transport_, in.data, out.data, out.bytes(), root, opt);
+        });
+  }
+
+  // ---- alltoallv ----
+  // Block j of `in` (send_counts[j] elements, blocks back to back) goes to rank j; block i of
+  // `out` (recv_counts[i] elements) comes from rank i. send_counts[j] on this rank must equal
+  // recv_counts[this rank] on rank j: a disagreement is a MismatchError on both. in and out must
+  // not overlap.
+  void alltoallv(TensorView in, std::span<const std::size_t> send_counts, TensorView out,
+                 std::span<const std::size_t> recv_counts) {
+    std::size_t sent = 0;
+    for (std::size_t c : send_counts) sent += c;
+    run(Collective::alltoallv, in.dtype, ReduceOp::sum, 0, -1, 0, [&](const AlgoOptions& opt) {
+      check_cpu(in, "alltoallv input");
+      check_cpu(out, "alltoallv output");
+      same_type(in, out, "alltoallv");
+      const auto n = static_cast<std::size_t>(size());
+      if (send_counts.size() != n || recv_counts.size() != n) {
+        throw ConfigError("alltoallv: send_counts has " + std::to_string(send_counts.size()) +
+                          " and recv_counts " + std::to_string(recv_counts.size()) +
+                          " entries for " + std::to_string(n) + " ranks");
+      }
+      std::size_t received = 0;
+      for (std::size_t c : recv_counts) received += c;
+      if (sent > in.count) {
+        throw ConfigError("alltoallv: send_counts add up to " + std::to_string(sent) +
+                          " elements but the input has " + std::to_string(in.count));
+      }
+      if (received > out.count) {
+        throw ConfigError("alltoallv: recv_counts add up to " + std::to_string(received) +
+                          " elements but the output has " + std::to_string(out.count));
+      }
+      check_overlap("alltoallv", TensorView(in.data, sent, in.dtype),
+                    TensorView(out.data, received, out.dtype), nullptr);
+      alltoallv_pairwise(*transport_, in.data, send_counts, out.data, recv_counts,
+                         dtype_size(in.dtype), opt);
+    });
+  }
+
+  // ---- point to point ----
+  // Messages between two ranks travel on the same ordered connection as the collectives: a
+  // send matches the peer's next receive from this rank, and the two must agree on element
+  // count, dtype and tag (else a MismatchError on both). Sends and receives may be outstanding
+  // at once, to different peers and to the same one; they progress whenever this rank waits or
+  // tests any of them, or runs a collective. Complete them before a collective with the same
+  // peer: a receive still pending would match the collective's first message instead.
+  class P2PRequest {
+   public:
+    P2PRequest() = default;
+    bool done() const { return done_; }
+
+   private:
+    friend class Communicator;
+    typename T::Request req_{};
+    Deadline deadline_ = Deadline::after(0);
+    bool done_ = true;
+  };
+
+  // Posts a send of `data` (which must stay valid and unchanged until the request completes).
+  P2PRequest isend(TensorView data, int peer, int tag = 0) { return post(true, data, peer, tag); }
+  // Posts a receive into `data` (valid until the request completes).
+  P2PRequest irecv(TensorView data, int peer, int tag = 0) { return post(false, data, peer, tag); }
+  // Makes progress without blocking; true once the request completed. Errors (the peer lost,
+  // a mismatch, the deadline passed) are thrown here and reach every rank.
+  bool test(P2PRequest& r) {
+    if (r.done_) return true;
+    guard_p2p([&] {
+      if (transport_->test(r.req_)) {
+        r.done_ = true;
+      } else if (r.deadline_.expired()) {
+        throw TimeoutError("send/recv: no completion within " +
+                           std::to_string(transport_->timeout_seconds()) +
+                           " s (did the peer post the matching call?)");
+      }
+    });
+    return r.done_;
+  }
+  // Blocks until the request completes (deadline: KOLO_TIMEOUT_SECONDS from posting).
+  void wait(P2PRequest& r) {
+    if (r.done_) return;
+    guard_p2p([&] { transport_->wait(r.req_, r.deadline_); });
+    r.done_ = true;
+  }
+  void send(TensorView data, int peer, int tag = 0) {
+    auto r = isend(data, peer, tag);
+    wait(r);
+  }
+  void recv(TensorView data, int peer, int tag = 0) {
+    auto r = irecv(data, peer, tag);
+    wait(r);
+  }
+
+  // ---- split ----
+  // MPI_Comm_split: a collective over this communicator. Ranks passing the same color form a
+  // new communicator, ranked by (key, rank here); kUndefinedColor joins none (nullopt). The
+  // children have their own connections, made through this communicator's rendezvous store
+  // under a key prefix of their own, so they are independent of each other and of the parent
+  // (their collectives need no common order; a mismatch fails only the group it happened in,
+  // and a dead peer fails every group that contains it). The parent may be destroyed first.
+  std::optional<Communicator> split(int color, int key) {
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size()));
+    std::int64_t mine[2] = {color, key};
+    allgather(TensorView(mine, 2, DataType::int64),
+              TensorView(all.data(), all.size(), DataType::int64));
+    const std::uint64_t seq = ++split_seq_;
+    std::vector<std::pair<std::int64_t, int>> members;  // (key, rank) of my color
+    for (int q = 0; q < size(); ++q) {
+      const std::int64_t c = all[2 * static_cast<std::size_t>(q)];
+      if (c < 0 && c != kUndefinedColor) {
+        throw ConfigError("split: rank " + std::to_string(q) + " passed color " +
+                          std::to_string(c) +
+                          ": colors are >= 0, or kolo::kUndefinedColor (-1) to join no group");
+      }
+      if (c == color) members.emplace_back(all[2 * static_cast<std::size_t>(q) + 1], q);
+    }
+    if (color == kUndefinedColor) return std::nullopt;
+    if (!boot_) {
+      throw ConfigError(
+          "split: this communicator adopted a transport without a rendezvous store (e.g. MPI); "
+          "split the MPI communicator (MPI_Comm_split) and adopt the result instead");
+    }
+    std::sort(members.begin(), members.end());
+    Topology t = topo_;
+    t.size = static_cast<int>(members.size());
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (members[i].second == rank()) t.rank = static_cast<int>(i);
+    }
+    t.local_rank = t.local_size = t.cross_rank = t.cross_size = -1;
+    t.listen_fd = -1;
+    const std::string prefix =
+        boot_->prefix() + "split/" + std::to_string(seq) + "/" + std::to_string(color) + "/";
+    return Communicator(std::move(t), boot_->shared_store(), prefix, opts_);
+  }
+
  private:
+  // Partially overlapping input and output give wrong results silently in any algorithm that
+  // reads one while writing the other: refuse them, naming both ranges. `in_place` is the one
+  // alias allowed (the input sitting exactly where the operation reads or writes it in place:
+  // the whole buffer for allreduce, this rank's block for allgather...), nullptr for none.
+  static void check_overlap(const char* what, const TensorView& in, const TensorView& out,
+                            const void* in_place) {
+    if (in.bytes() == 0 || out.bytes() == 0 || in.data == nullptr || out.data == nullptr) return;
+    const auto a0 = reinterpret_cast<std::uintptr_t>(in.data);
+    const auto b0 = reinterpret_cast<std::uintptr_t>(out.data);
+    const std::uintptr_t a1 = a0 + in.bytes();
+    const std::uintptr_t b1 = b0 + out.bytes();
+    if (a1 <= b0 || b1 <= a0) return;
+    if (in_place != nullptr && (in_place == in.data || in_place == out.data)) {
+      // the allowed alias: one range starts exactly where in-place use puts it, inside the other
+      const bool in_inside = a0 >= b0 && a1 <= b1;
+      const bool out_inside = b0 >= a0 && b1 <= a1;
+      if ((in_place == in.data && in_inside) || (in_place == out.data && out_inside)) return;
+    }
+    auto hex = [](std::uintptr_t v) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+      return std::string(buf);
+    };
+    throw ConfigError(std::string(what) + ": input [" + hex(a0) + ", " + hex(a1) +
+                      ") and output [" + hex(b0) + ", " + hex(b1) +
+                      ") overlap; pass disjoint buffers, or the documented in-place form");
+  }
+
+  template <class F>
+  void guard_p2p(F&& f) {
+    if (transport_->aborted()) transport_->rethrow();
+    try {
+      f();
+    } catch (const Error& e) {
+      transport_->abort(e);
+      if (transport_->aborted()) transport_->rethrow();
+      throw;
+    }
+  }
+
+  P2PRequest post(bool is_send, TensorView data, int peer, int tag) {
+    const char* what = is_send ? "send" : "recv";
+    P2PRequest r;
+    guard_p2p([&] {
+      check_cpu(data, what);
+      if (peer < 0 || peer >= size()) {
+        throw ConfigError(std::string(what) + ": peer " + std::to_string(peer) +
+                          " is not a rank of this communicator (size " + std::to_string(size()) +
+                          ")");
+      }
+      if (peer == rank()) {
+        throw ConfigError(std::string(what) + ": peer " + std::to_string(peer) +
+                          " is this rank; copy the data locally instead");
+      }
+      Signature sig;
+      sig.collective = Collective::send_recv;
+      sig.dtype = data.dtype;
+      sig.count = data.count;
+      sig.extra = static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag));
+      auto& seq = is_send ? p2p_sent_ : p2p_received_;
+      if (seq.size() < static_cast<std::size_t>(size()))
+        seq.resize(static_cast<std::size_t>(size()));
+      sig.seq = ++seq[static_cast<std::size_t>(peer)];
+      r.deadline_ = Deadline::after(transport_->timeout_seconds());
+      r.req_ = is_send ? transport_->isend(peer, data.data, data.bytes(), sig)
+                       : transport_->irecv(peer, data.data, data.bytes(), sig);
+      r.done_ = false;
+    });
+    return r;
+  }
+
+  // Up to this many bytes reduce() climbs a binomial tree; above, it runs the allreduce.
+  static constexpr std::size_t kRootedTreeBytes = 64 * 1024;
+
   // Bootstrap (from the topology's store address, or from `store` when given) and connect.
   void connect(Topology topo, std::shared_ptr<KvStore> store, std::string prefix) {
     auto make_boot = [&] {
@@ -569,6 +890,10 @@ class Communicator {
   CommunicatorOptions opts_;
   std::uint64_t seq_ = 0;
   std::vector<std::byte> scratch_;
+  std::vector<std::byte> reduce_scratch_;    // a non-root's discarded result of a large reduce
+  std::vector<std::uint64_t> p2p_sent_;      // per peer: sends posted (signature sequence)
+  std::vector<std::uint64_t> p2p_received_;  // per peer: receives posted
+  std::uint64_t split_seq_ = 0;
   HostGroups groups_;
   Selector selector_;
   AllreduceAlgorithm last_allreduce_ = AllreduceAlgorithm::ring;

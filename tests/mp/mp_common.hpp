@@ -5,6 +5,7 @@
 // collectives when KOLO_TEST_MPI_NATIVE=1 is defined as well (MpiNativeTransport).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -78,6 +79,60 @@ double ulp_tolerance() {
   if constexpr (std::is_same_v<T, float>) return 1.2e-7;
   if constexpr (std::is_same_v<T, double>) return 2.3e-16;
   return 0;
+}
+
+// The reference the collectives are checked against: rank r's element i for op, and the exact
+// result of reducing n ranks' elements (integer-valued, so every dtype represents it exactly).
+template <class T>
+double input_value(kolo::ReduceOp op, int rank, std::size_t i) {
+  const auto k = static_cast<long long>(i);
+  if (op == kolo::ReduceOp::product) {
+    if ((k + rank) % 3 == 0) return 2;
+    if (is_signed_elem<T>() && (k + rank) % 5 == 0) return -1;
+    return 1;
+  }
+  if (is_signed_elem<T>()) return static_cast<double>((k * 7 + rank * 3) % 9 - 4);
+  return static_cast<double>((k * 7 + rank * 3) % 5);
+}
+
+template <class T>
+double expected_value(kolo::ReduceOp op, int n, std::size_t i) {
+  double acc = input_value<T>(op, 0, i);
+  for (int r = 1; r < n; ++r) {
+    const double v = input_value<T>(op, r, i);
+    switch (op) {
+      case kolo::ReduceOp::sum:
+      case kolo::ReduceOp::average:
+        acc += v;
+        break;
+      case kolo::ReduceOp::product:
+        acc *= v;
+        break;
+      case kolo::ReduceOp::min:
+        acc = std::min(acc, v);
+        break;
+      case kolo::ReduceOp::max:
+        acc = std::max(acc, v);
+        break;
+    }
+  }
+  if (op == kolo::ReduceOp::average) {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<double>(static_cast<long long>(acc) / n);  // truncates toward zero
+    } else {
+      return acc / n;
+    }
+  }
+  return acc;
+}
+
+template <class T>
+bool close(T got, double want, kolo::ReduceOp op) {
+  const double g = to_double(got);
+  if (op == kolo::ReduceOp::average && !std::is_integral_v<T>) {
+    return std::fabs(g - want) <= ulp_tolerance<T>() * std::max(1.0, std::fabs(want));
+  }
+  return g == want;
 }
 
 }  // namespace kolo_test

@@ -30,58 +30,6 @@ namespace {
 
 const std::size_t kCounts[] = {0, 1, 7, 1000, 1048579};
 
-template <class T>
-double input_value(ReduceOp op, int rank, std::size_t i) {
-  const auto k = static_cast<long long>(i);
-  if (op == ReduceOp::product) {
-    if ((k + rank) % 3 == 0) return 2;
-    if (is_signed_elem<T>() && (k + rank) % 5 == 0) return -1;
-    return 1;
-  }
-  if (is_signed_elem<T>()) return static_cast<double>((k * 7 + rank * 3) % 9 - 4);
-  return static_cast<double>((k * 7 + rank * 3) % 5);
-}
-
-template <class T>
-double expected_value(ReduceOp op, int n, std::size_t i) {
-  double acc = input_value<T>(op, 0, i);
-  for (int r = 1; r < n; ++r) {
-    const double v = input_value<T>(op, r, i);
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::average:
-        acc += v;
-        break;
-      case ReduceOp::product:
-        acc *= v;
-        break;
-      case ReduceOp::min:
-        acc = std::min(acc, v);
-        break;
-      case ReduceOp::max:
-        acc = std::max(acc, v);
-        break;
-    }
-  }
-  if (op == ReduceOp::average) {
-    if constexpr (std::is_integral_v<T>) {
-      return static_cast<double>(static_cast<long long>(acc) / n);  // truncates toward zero
-    } else {
-      return acc / n;
-    }
-  }
-  return acc;
-}
-
-template <class T>
-bool close(T got, double want, ReduceOp op) {
-  const double g = to_double(got);
-  if (op == ReduceOp::average && !std::is_integral_v<T>) {
-    return std::fabs(g - want) <= ulp_tolerance<T>() * std::max(1.0, std::fabs(want));
-  }
-  return g == want;
-}
-
 std::string label(const char* what, DataType t, std::size_t count, const char* mode,
                   ReduceOp op = ReduceOp::sum, bool with_op = false) {
   std::string s = std::string(what) + " " + std::string(kolo::dtype_name(t)) +

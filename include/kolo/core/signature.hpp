@@ -25,6 +25,12 @@ enum class Collective : std::uint8_t {
   barrier = 7,
   bootstrap = 8,
   user = 9,  // point-to-point messages sent by users of the transport directly
+  reduce = 10,
+  gather = 11,
+  scatter = 12,
+  alltoallv = 13,
+  send_recv = 14,  // Communicator::send/recv: count, dtype and tag travel in the signature
+  split = 15,
 };
 
 inline const char* collective_name(Collective c) noexcept {
@@ -49,6 +55,18 @@ inline const char* collective_name(Collective c) noexcept {
       return "bootstrap";
     case Collective::user:
       return "user message";
+    case Collective::reduce:
+      return "reduce";
+    case Collective::gather:
+      return "gather";
+    case Collective::scatter:
+      return "scatter";
+    case Collective::alltoallv:
+      return "alltoallv";
+    case Collective::send_recv:
+      return "send/recv";
+    case Collective::split:
+      return "split";
   }
   return "unknown";
 }
@@ -68,11 +86,13 @@ struct Signature {
   std::string describe() const {
     std::string s = std::string(collective_name(collective)) + " #" + std::to_string(seq) + " (" +
                     std::to_string(count) + " x " + std::string(dtype_name(dtype));
-    if (collective == Collective::allreduce || collective == Collective::reduce_scatter) {
+    if (collective == Collective::allreduce || collective == Collective::reduce_scatter ||
+        collective == Collective::reduce) {
       s += ", " + std::string(reduce_op_name(op));
     }
     if (root >= 0) s += ", root " + std::to_string(root);
     if (collective == Collective::allgatherv) s += ", counts hash " + std::to_string(extra);
+    if (collective == Collective::send_recv) s += ", tag " + std::to_string(extra);
     return s + ")";
   }
 };

@@ -81,6 +81,8 @@ class Bootstrap {
   bool same_host(int peer) const { return host_keys_[peer] == host_keys_[topo_.rank]; }
   // The rendezvous store (nullptr for a single rank); keys under prefix() are this Bootstrap's.
   KvStore* store() { return store_.get(); }
+  // The same store, shared (Communicator::split builds its children's Bootstraps on it).
+  std::shared_ptr<KvStore> shared_store() const { return store_; }
   const std::string& prefix() const { return prefix_; }
 
   // Every rank contributes `mine`; returns all contributions in rank order.

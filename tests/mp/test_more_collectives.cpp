@@ -1,0 +1,354 @@
+// The rooted collectives (reduce, gather, scatter), alltoallv, point-to-point send/recv,
+// split() and argument checks (overlap, ranges) — every rank runs these in the same order under
+// kolo-run (tests/mp/CMakeLists.txt registers shm and tcp, several rank counts). Exact checks:
+// every input is integer-valued.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mp_common.hpp"
+
+using kolo::DataType;
+using kolo::ReduceOp;
+using kolo::TensorView;
+using namespace kolo_test;
+
+namespace {
+
+const std::size_t kCounts[] = {0, 1, 7, 1000, 70001};  // 70001: above reduce's tree threshold
+
+std::string what(const char* op, DataType dt, std::size_t count, int root, const char* mode) {
+  return std::string(op) + " " + std::string(kolo::dtype_name(dt)) + " x " + std::to_string(count) +
+         " root " + std::to_string(root) + " " + mode;
+}
+
+// A child communicator of this rank alone... of all ranks, with its own connections: error
+// cases abort it, not the communicator the other tests use.
+kolo::Communicator<> scratch_comm() {
+  auto c = comm().split(0, comm().rank());
+  REQUIRE(c.has_value());
+  return std::move(*c);
+}
+
+}  // namespace
+
+TEST_CASE("reduce: every dtype x op x count x root, in-place and out-of-place") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  for (DataType dt : kolo::all_dtypes) {
+    kolo::visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      for (ReduceOp op : kolo::all_reduce_ops) {
+        for (std::size_t count : kCounts) {
+          if (count == 70001 && dt != DataType::float32 && dt != DataType::int64) continue;
+          const int roots[] = {0, n - 1};
+          for (int root : roots) {
+            std::vector<T> in(count), out(count, from_double<T>(99));
+            for (std::size_t i = 0; i < count; ++i)
+              in[i] = from_double<T>(input_value<T>(op, r, i));
+            const std::vector<T> original = in;
+            c.reduce(TensorView(in.data(), count, dt),
+                     r == root ? TensorView(out.data(), count, dt) : TensorView(), op, root);
+            std::size_t wrong = 0;
+            if (r == root) {
+              for (std::size_t i = 0; i < count; ++i)
+                wrong += !close(out[i], expected_value<T>(op, n, i), op);
+            }
+            // the input is left alone on every rank
+            wrong += std::memcmp(in.data(), original.data(), count * sizeof(T)) != 0;
+            CHECK_MESSAGE(wrong == 0, what("reduce", dt, count, root, "out-of-place"));
+            // in place on the root
+            c.reduce(TensorView(in.data(), count, dt),
+                     r == root ? TensorView(in.data(), count, dt) : TensorView(), op, root);
+            wrong = 0;
+            if (r == root) {
+              for (std::size_t i = 0; i < count; ++i)
+                wrong += !close(in[i], expected_value<T>(op, n, i), op);
+            }
+            CHECK_MESSAGE(wrong == 0, what("reduce", dt, count, root, "in-place"));
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("gather and scatter: dtypes x counts x every root, in place on the root too") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  const auto un = static_cast<std::size_t>(n);
+  const DataType dtypes[] = {DataType::float32, DataType::int64, DataType::float16,
+                             DataType::uint8};
+  for (DataType dt : dtypes) {
+    kolo::visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      auto value = [](int rank, std::size_t i) {
+        return static_cast<double>((static_cast<std::size_t>(rank) * 37 + i) % 100);
+      };
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000},
+                                std::size_t{1048579}}) {
+        if (count == 1048579 && dt != DataType::float32) continue;
+        for (int root = 0; root < n; ++root) {
+          if (count == 1048579 && root != n - 1) continue;
+          // gather
+          std::vector<T> in(count), out(r == root ? count * un : 0, from_double<T>(7));
+          for (std::size_t i = 0; i < count; ++i) in[i] = from_double<T>(value(r, i));
+          c.gather(TensorView(in.data(), count, dt),
+                   r == root ? TensorView(out.data(), out.size(), dt) : TensorView(), root);
+          std::size_t wrong = 0;
+          if (r == root) {
+            for (int q = 0; q < n; ++q)
+              for (std::size_t i = 0; i < count; ++i)
+                wrong += to_double(out[static_cast<std::size_t>(q) * count + i]) != value(q, i);
+          }
+          CHECK_MESSAGE(wrong == 0, what("gather", dt, count, root, "out-of-place"));
+          // scatter the gathered buffer back: every rank gets its own block
+          std::vector<T> mine(count, from_double<T>(5));
+          c.scatter(r == root ? TensorView(out.data(), out.size(), dt) : TensorView(),
+                    TensorView(mine.data(), count, dt), root);
+          wrong = 0;
+          for (std::size_t i = 0; i < count; ++i) wrong += to_double(mine[i]) != value(r, i);
+          CHECK_MESSAGE(wrong == 0, what("scatter", dt, count, root, "out-of-place"));
+          // in place on the root: gather with the input in the root's block, scatter with the
+          // output there
+          if (r == root) {
+            std::vector<T> io(count * un, from_double<T>(3));
+            std::copy_n(in.data(), count, io.data() + static_cast<std::size_t>(r) * count);
+            c.gather(TensorView(io.data() + static_cast<std::size_t>(r) * count, count, dt),
+                     TensorView(io.data(), io.size(), dt), root);
+            CHECK_MESSAGE((io.empty() || io == out), what("gather", dt, count, root, "in-place"));
+            c.scatter(TensorView(io.data(), io.size(), dt),
+                      TensorView(io.data() + static_cast<std::size_t>(r) * count, count, dt), root);
+            wrong = 0;
+            for (std::size_t i = 0; i < count; ++i)
+              wrong += to_double(io[static_cast<std::size_t>(r) * count + i]) != value(r, i);
+            CHECK_MESSAGE(wrong == 0, what("scatter", dt, count, root, "in-place"));
+          } else {
+            c.gather(TensorView(in.data(), count, dt), TensorView(), root);
+            c.scatter(TensorView(), TensorView(mine.data(), count, dt), root);
+            wrong = 0;
+            for (std::size_t i = 0; i < count; ++i) wrong += to_double(mine[i]) != value(r, i);
+            CHECK_MESSAGE(wrong == 0, what("scatter", dt, count, root, "in-place (peer)"));
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("alltoallv: uneven and empty blocks, two dtypes, small and large") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  const auto un = static_cast<std::size_t>(n);
+  for (std::size_t m : {std::size_t{0}, std::size_t{5}, std::size_t{1000}, std::size_t{300000}}) {
+    // rank s sends ((s*3 + d*5 + 1) * 7919) % (m+1) elements to rank d: uneven, some empty
+    auto amount = [&](int s, int d) {
+      return static_cast<std::size_t>((s * 3 + d * 5 + 1) * 7919) % (m + 1);
+    };
+    auto value = [](int s, int d, std::size_t k) {
+      return static_cast<double>(s * 1000 + d * 10 + static_cast<int>(k % 7));
+    };
+    std::vector<std::size_t> sc(un), rc(un);
+    for (int q = 0; q < n; ++q) {
+      sc[static_cast<std::size_t>(q)] = amount(r, q);
+      rc[static_cast<std::size_t>(q)] = amount(q, r);
+    }
+    const std::size_t stotal = std::accumulate(sc.begin(), sc.end(), std::size_t{0});
+    const std::size_t rtotal = std::accumulate(rc.begin(), rc.end(), std::size_t{0});
+    for (DataType dt : {DataType::int32, DataType::float64}) {
+      kolo::visit_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        std::vector<T> in(stotal), out(rtotal + 3, from_double<T>(-1));
+        std::size_t off = 0;
+        for (int q = 0; q < n; ++q)
+          for (std::size_t k = 0; k < sc[static_cast<std::size_t>(q)]; ++k)
+            in[off++] = from_double<T>(value(r, q, k));
+        c.alltoallv(TensorView(in.data(), in.size(), dt), sc,
+                    TensorView(out.data(), out.size(), dt), rc);
+        std::size_t wrong = 0;
+        off = 0;
+        for (int q = 0; q < n; ++q)
+          for (std::size_t k = 0; k < rc[static_cast<std::size_t>(q)]; ++k)
+            wrong += to_double(out[off++]) != value(q, r, k);
+        for (std::size_t k = rtotal; k < out.size(); ++k) wrong += to_double(out[k]) != -1;
+        CHECK_MESSAGE(wrong == 0, "alltoallv m=" << m << " " << kolo::dtype_name(dt));
+      });
+    }
+  }
+}
+
+TEST_CASE("send/recv: a ring of simultaneous exchanges, several messages in flight per peer") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  if (n == 1) return;
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{1048579}}) {
+    // Everyone posts its sends before its receives: large messages must not deadlock.
+    std::vector<float> a(count), b(count + 1);
+    std::vector<float> ra(count, -1), rb(count + 1, -1);
+    for (std::size_t i = 0; i < count; ++i) a[i] = static_cast<float>(r * 100000 + i % 1000);
+    for (std::size_t i = 0; i < b.size(); ++i)
+      b[i] = static_cast<float>(-r - static_cast<int>(i % 3));
+    auto s1 = c.isend(TensorView(a.data(), a.size(), DataType::float32), next, 7);
+    auto s2 = c.isend(TensorView(b.data(), b.size(), DataType::float32), next, 8);
+    auto q1 = c.irecv(TensorView(ra.data(), ra.size(), DataType::float32), prev, 7);
+    auto q2 = c.irecv(TensorView(rb.data(), rb.size(), DataType::float32), prev, 8);
+    // test() until one completes, then wait for the rest
+    while (!c.test(q2) && !c.test(q1)) std::this_thread::yield();
+    c.wait(q1);
+    c.wait(q2);
+    c.wait(s1);
+    c.wait(s2);
+    CHECK(q1.done());
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < count; ++i)
+      wrong += ra[i] != static_cast<float>(prev * 100000 + i % 1000);
+    for (std::size_t i = 0; i < rb.size(); ++i)
+      wrong += rb[i] != static_cast<float>(-prev - static_cast<int>(i % 3));
+    CHECK_MESSAGE(wrong == 0, "ring exchange of " << count);
+  }
+  // blocking forms between rank 0 and the last rank, then a collective still works
+  std::array<std::int64_t, 4> x{1, 2, 3, 4};
+  if (r == 0) c.send(TensorView(x.data(), 4, DataType::int64), n - 1, 3);
+  if (r == n - 1) {
+    std::array<std::int64_t, 4> y{};
+    c.recv(TensorView(y.data(), 4, DataType::int64), 0, 3);
+    CHECK(y == x);
+  }
+  std::vector<int> one(5, 1);
+  c.allreduce(one);
+  CHECK(one == std::vector<int>(5, n));
+}
+
+TEST_CASE("split: colors, keys in reverse, undefined color, nesting, independence") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  // two groups by parity, ranked in reverse order
+  auto half = c.split(r % 2, -r);
+  REQUIRE(half.has_value());
+  std::vector<int> members;
+  for (int q = n - 1; q >= 0; --q)
+    if (q % 2 == r % 2) members.push_back(q);
+  CHECK(half->size() == static_cast<int>(members.size()));
+  CHECK(members[static_cast<std::size_t>(half->rank())] == r);
+  std::vector<std::int64_t> v(3, r);
+  half->allreduce(v, ReduceOp::sum);
+  const std::int64_t want = std::accumulate(members.begin(), members.end(), std::int64_t{0});
+  CHECK(v == std::vector<std::int64_t>(3, want));
+  // the parent still works, and the two interleave in any order
+  std::vector<double> w(2, 1.0);
+  c.allreduce(w);
+  CHECK(w[0] == n);
+  // rank 0 joins nothing; the rest form one group
+  auto rest = c.split(r == 0 ? kolo::kUndefinedColor : 5, r);
+  CHECK(rest.has_value() == (r != 0));
+  if (rest) {
+    CHECK(rest->size() == n - 1);
+    CHECK(rest->rank() == r - 1);
+    std::vector<int> one(1, 1);
+    rest->allreduce(one);
+    CHECK(one[0] == n - 1);
+    // nested: split the child again
+    auto inner = rest->split(rest->rank() % 2, 0);
+    REQUIRE(inner.has_value());
+    std::vector<int> k(1, 1);
+    inner->allreduce(k);
+    CHECK(k[0] == (rest->size() + 1 - rest->rank() % 2) / 2);
+  }
+  // a bad color is refused on every rank, naming the rank
+  auto s = scratch_comm();
+  try {
+    (void)s.split(r == n - 1 ? -7 : 0, 0);
+    FAIL("a color of -7 was accepted");
+  } catch (const kolo::ConfigError& e) {
+    CHECK(std::string(e.what()).find("rank " + std::to_string(n - 1) + " passed color -7") !=
+          std::string::npos);
+  }
+}
+
+// Runs `op` on a fresh child communicator, then a barrier on it: every rank must see an error,
+// from the operation itself or at the latest from the barrier (ranks that took no part in a
+// failed exchange, e.g. in alltoallv, may finish the operation first). A slow rank may even
+// get the error while its child communicator is still being built: the construction is a
+// collective of the child too. Returns the message.
+template <class Op>
+std::string error_of(Op&& op) {
+  try {
+    auto s = scratch_comm();
+    op(s);
+    s.barrier();
+  } catch (const kolo::Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST_CASE("errors reach every rank and fail only their group") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  if (n == 1) return;
+  const auto un = static_cast<std::size_t>(n);
+  // mismatched alltoallv counts: rank 0 sends one element more to rank 1 than rank 1 expects
+  std::string e = error_of([&](kolo::Communicator<>& s) {
+    std::vector<std::size_t> sc(un, 2), rc(un, 2);
+    if (r == 0) sc[1] = 3;
+    std::vector<float> in(2 * un + 1, 1.0f), out(2 * un, 0.0f);
+    s.alltoallv(TensorView(in.data(), in.size(), DataType::float32), sc,
+                TensorView(out.data(), out.size(), DataType::float32), rc);
+  });
+  CHECK_MESSAGE(e.find("alltoallv") != std::string::npos, e);
+  // a recv with another tag than the send
+  e = error_of([&](kolo::Communicator<>& s) {
+    std::vector<float> buf(4, 1.0f);
+    if (r == 0) s.send(TensorView(buf.data(), 4, DataType::float32), 1, 1);
+    if (r == 1) s.recv(TensorView(buf.data(), 4, DataType::float32), 0, 2);
+  });
+  CHECK_MESSAGE(e.find("tag") != std::string::npos, e);
+  // overlapping buffers: a ConfigError naming both ranges
+  e = error_of([&](kolo::Communicator<>& s) {
+    std::vector<float> buf(100, 1.0f);
+    s.allreduce(TensorView(buf.data(), 60, DataType::float32),
+                TensorView(buf.data() + 10, 60, DataType::float32), ReduceOp::sum);
+  });
+  CHECK_MESSAGE(e.find("overlap") != std::string::npos, e);
+  // a bad root, a bad peer
+  e = error_of([&](kolo::Communicator<>& s) {
+    std::vector<float> buf(4, 1.0f);
+    s.reduce(buf, ReduceOp::sum, n);
+  });
+  CHECK_MESSAGE(e.find("root " + std::to_string(n)) != std::string::npos, e);
+  e = error_of([&](kolo::Communicator<>& s) {
+    std::vector<float> buf(4, 1.0f);
+    s.send(TensorView(buf.data(), 4, DataType::float32), r);
+  });
+  CHECK_MESSAGE(e.find("is this rank") != std::string::npos, e);
+  // the communicator of the other tests is untouched
+  std::vector<int> one(1, 1);
+  c.allreduce(one);
+  CHECK(one[0] == n);
+}
+
+TEST_CASE("collectives take any contiguous range of a kolo element type") {
+  auto& c = comm();
+  const int n = c.size();
+  std::vector<float> v(10, 1.0f);
+  c.allreduce(v);
+  CHECK(v[9] == static_cast<float>(n));
+  std::array<std::int32_t, 3> a{1, 2, 3};
+  c.allreduce(a, ReduceOp::max);
+  CHECK(a == std::array<std::int32_t, 3>{1, 2, 3});
+  std::vector<double> b(4, static_cast<double>(c.rank()));
+  c.broadcast(b, n - 1);
+  CHECK(b[0] == n - 1);
+  static_assert(kolo::ContiguousBuffer<std::vector<float>&>);
+  static_assert(kolo::ContiguousBuffer<std::span<const kolo::bfloat16>>);
+  static_assert(!kolo::ContiguousBuffer<std::vector<std::string>&>);
+  static_assert(!kolo::ContiguousBuffer<std::vector<bool>&>);
+}
