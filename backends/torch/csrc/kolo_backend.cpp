@@ -2,9 +2,9 @@
 // module kolo_torch._C. One translation unit: torch's headers are most of the build time.
 #include "kolo_backend.hpp"
 
+#include <torch/python.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/python.h>
 
 #include <pybind11/chrono.h>
 
@@ -43,9 +43,8 @@ class C10dKvStore final : public kolo::KvStore {
   explicit C10dKvStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
 
   void set(const std::string& key, const std::string& value) override {
-    store_call("set", key, [&] {
-      store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
-    });
+    store_call("set", key,
+               [&] { store_->set(key, std::vector<uint8_t>(value.begin(), value.end())); });
   }
   std::string get(const std::string& key) override {
     const auto v = store_call("get", key, [&] { return store_->get(key); });
@@ -83,7 +82,9 @@ class C10dKvStore final : public kolo::KvStore {
 
 // ---- tensors ----
 
-[[noreturn]] void fail(const std::string& msg) { throw std::runtime_error("kolo: " + msg); }
+[[noreturn]] void fail(const std::string& msg) {
+  throw std::runtime_error("kolo: " + msg);
+}
 
 std::optional<kolo::DataType> kolo_dtype(at::ScalarType t) {
   switch (t) {
@@ -221,8 +222,8 @@ void check_same_dtype(const std::vector<at::Tensor>& parts, at::ScalarType st, c
   for (const auto& p : parts) {
     if (p.scalar_type() != st) {
       fail(std::string(op) + ": tensors of different dtypes (" +
-           std::string(c10::toString(p.scalar_type())) + " and " +
-           std::string(c10::toString(st)) + ")");
+           std::string(c10::toString(p.scalar_type())) + " and " + std::string(c10::toString(st)) +
+           ")");
     }
   }
 }
@@ -254,56 +255,6 @@ at::Tensor gather_flat(const std::vector<at::Tensor>& parts, const at::Tensor& l
   return flat;
 }
 
-
-// ---- kolo API the plugin needs (TEMPORARY shim while the Communicator methods land) ----
-namespace api {
-template <class C>
-void reduce(C& c, kolo::TensorView in, kolo::TensorView out, kolo::ReduceOp op, int root) {
-  if constexpr (requires { c.reduce(in, out, op, root); }) {
-    c.reduce(in, out, op, root);
-  } else {
-    fail("reduce is not available in this kolo");
-  }
-}
-template <class C>
-void gather(C& c, kolo::TensorView in, kolo::TensorView out, int root) {
-  if constexpr (requires { c.gather(in, out, root); }) {
-    c.gather(in, out, root);
-  } else {
-    fail("gather is not available in this kolo");
-  }
-}
-template <class C>
-void scatter(C& c, kolo::TensorView in, kolo::TensorView out, int root) {
-  if constexpr (requires { c.scatter(in, out, root); }) {
-    c.scatter(in, out, root);
-  } else {
-    fail("scatter is not available in this kolo");
-  }
-}
-template <class C>
-void alltoallv(C& c, kolo::TensorView in, const std::vector<std::size_t>& sc, kolo::TensorView out,
-               const std::vector<std::size_t>& rc) {
-  if constexpr (requires { c.alltoallv(in, std::span<const std::size_t>(sc), out,
-                                       std::span<const std::size_t>(rc)); }) {
-    c.alltoallv(in, std::span<const std::size_t>(sc), out, std::span<const std::size_t>(rc));
-  } else {
-    fail("alltoallv is not available in this kolo");
-  }
-}
-// A posted point-to-point operation: poll() is true once it completed.
-template <class C>
-std::function<bool()> post(C& c, bool send, kolo::TensorView v, int peer, int tag) {
-  if constexpr (requires { c.isend(v, peer, tag); c.irecv(v, peer, tag); }) {
-    using Req = decltype(c.isend(v, peer, tag));
-    auto req = std::make_shared<Req>(send ? c.isend(v, peer, tag) : c.irecv(v, peer, tag));
-    return [&c, req] { return c.test(*req); };
-  } else {
-    fail("point-to-point is not available in this kolo");
-  }
-}
-}  // namespace api
-
 std::exception_ptr wrap(const std::exception& e) {
   const std::string what = e.what();
   return std::make_exception_ptr(
@@ -317,8 +268,9 @@ std::exception_ptr wrap(const std::exception& e) {
 KoloWork::KoloWork(int rank, c10d::OpType op, const char* title, std::vector<at::Tensor> outputs)
     : c10d::Work(rank, op, title),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
 
 // How long a waiting thread spins (yielding) before it blocks: KOLO_TORCH_SPIN_US, default 50.
 std::chrono::microseconds spin_budget() {
@@ -394,20 +346,21 @@ KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     if (const auto t = effective_timeout(timeout); t.count() > 0) {
       topo.timeout_seconds = static_cast<double>(t.count()) / 1000.0;
     }
-    comm_ = std::make_unique<Comm>(std::move(topo), std::make_shared<C10dKvStore>(store),
-                                   "kolo/");
+    comm_ = std::make_unique<Comm>(std::move(topo), std::make_shared<C10dKvStore>(store), "kolo/");
   } catch (const std::exception& e) {
-    fail(std::string("could not start the process group (rank ") + std::to_string(rank) +
-         " of " + std::to_string(size) + "): " + e.what());
+    fail(std::string("could not start the process group (rank ") + std::to_string(rank) + " of " +
+         std::to_string(size) + "): " + e.what());
   }
   worker_ = std::thread([this] { worker_loop(); });
 }
 
-KoloBackend::~KoloBackend() { stop(false, "the process group was destroyed"); }
+KoloBackend::~KoloBackend() {
+  stop(false, "the process group was destroyed");
+}
 
-c10::intrusive_ptr<c10d::Backend> KoloBackend::create(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::duration<float> timeout) {
+c10::intrusive_ptr<c10d::Backend> KoloBackend::create(const c10::intrusive_ptr<c10d::Store>& store,
+                                                      int rank, int size,
+                                                      std::chrono::duration<float> timeout) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
   // The rendezvous may wait for other ranks: let other Python threads run meanwhile.
   pybind11::gil_scoped_release no_gil;
@@ -515,8 +468,12 @@ void KoloBackend::stop(bool abort_now, const std::string& why) {
   comm_.reset();
 }
 
-void KoloBackend::abort() { stop(true, "the process group was aborted"); }
-void KoloBackend::shutdown() { stop(false, "the process group was shut down"); }
+void KoloBackend::abort() {
+  stop(true, "the process group was aborted");
+}
+void KoloBackend::shutdown() {
+  stop(false, "the process group was shut down");
+}
 
 // ---- collectives ----
 
@@ -580,14 +537,14 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::reduce(std::vector<at::Tensor>& tens
                  [this, s, op, root, factor](Task& task) {
                    if (factor) s->host.mul_(*factor);
                    const kolo::TensorView v = s->view("reduce");
-                   api::reduce(*comm_, v, v, op, root);
+                   comm_->reduce(v, v, op, root);
                    if (rank_ == root) task.after = [s] { s->write_back(); };
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> KoloBackend::allgather(
-    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& /*opts*/) {
+c10::intrusive_ptr<c10d::Work> KoloBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::AllgatherOptions& /*opts*/) {
   check_single(inputs, "allgather");
   if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
     fail("allgather: expects one output list of " + std::to_string(size_) + " tensors");
@@ -656,8 +613,7 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::allgather_coalesced(
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     if (static_cast<int>(outputs[i].size()) != size_) {
       fail("allgather_coalesced: output list " + std::to_string(i) + " has " +
-           std::to_string(outputs[i].size()) + " tensors for a world of " +
-           std::to_string(size_));
+           std::to_string(outputs[i].size()) + " tensors for a world of " + std::to_string(size_));
     }
     for (const auto& o : outputs[i]) {
       if (o.numel() != inputs[i].numel() || o.scalar_type() != inputs[i].scalar_type()) {
@@ -739,16 +695,15 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::gather(std::vector<std::vector<at::T
   }
   auto s = std::make_shared<Staged>(stage(in, "gather"));
   auto outs = std::make_shared<std::vector<at::Tensor>>(outs_list);
-  return enqueue(c10d::OpType::GATHER, "kolo:gather", outs_list,
-                 [this, s, outs, root](Task& task) {
-                   if (rank_ == root) {
-                     auto flat = std::make_shared<at::Tensor>(flat_like(*outs, s->host));
-                     api::gather(*comm_, s->view("gather"), view_of(*flat, "gather"), root);
-                     task.after = [flat, outs] { scatter_flat(*flat, *outs); };
-                   } else {
-                     api::gather(*comm_, s->view("gather"), kolo::TensorView(), root);
-                   }
-                 });
+  return enqueue(c10d::OpType::GATHER, "kolo:gather", outs_list, [this, s, outs, root](Task& task) {
+    if (rank_ == root) {
+      auto flat = std::make_shared<at::Tensor>(flat_like(*outs, s->host));
+      comm_->gather(s->view("gather"), view_of(*flat, "gather"), root);
+      task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+    } else {
+      comm_->gather(s->view("gather"), kolo::TensorView(), root);
+    }
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -775,12 +730,10 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::scatter(std::vector<at::Tensor>& out
     fail("scatter: only the root (rank " + std::to_string(root) + ") passes input tensors");
   }
   auto s = std::make_shared<Staged>(stage(out, "scatter", false));
-  return enqueue(c10d::OpType::SCATTER, "kolo:scatter", outputs,
-                 [this, s, flat, root](Task& task) {
-                   api::scatter(*comm_, flat ? view_of(*flat, "scatter") : kolo::TensorView(),
-                                  s->view("scatter"), root);
-                   task.after = [s] { s->write_back(); };
-                 });
+  return enqueue(c10d::OpType::SCATTER, "kolo:scatter", outputs, [this, s, flat, root](Task& task) {
+    comm_->scatter(flat ? view_of(*flat, "scatter") : kolo::TensorView(), s->view("scatter"), root);
+    task.after = [s] { s->write_back(); };
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter(
@@ -930,7 +883,7 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::all_to_all_single(
   auto out = std::make_shared<Staged>(stage(output, "all_to_all_single", false));
   return enqueue(c10d::OpType::ALLTOALL_BASE, "kolo:all_to_all_single", {output},
                  [this, in, out, send, recv](Task& task) {
-                   api::alltoallv(*comm_, in->view("all_to_all_single"), send,
+                   comm_->alltoallv(in->view("all_to_all_single"), send,
                                     out->view("all_to_all_single"), recv);
                    task.after = [out] { out->write_back(); };
                  });
@@ -958,7 +911,7 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::alltoall(std::vector<at::Tensor>& ou
   return enqueue(c10d::OpType::ALLTOALL, "kolo:all_to_all", outputs,
                  [this, flat_in, outs, send, recv](Task& task) {
                    auto flat_out = std::make_shared<at::Tensor>(flat_like(*outs, *flat_in));
-                   api::alltoallv(*comm_, view_of(*flat_in, "all_to_all"), send,
+                   comm_->alltoallv(view_of(*flat_in, "all_to_all"), send,
                                     view_of(*flat_out, "all_to_all"), recv);
                    task.after = [flat_out, outs] { scatter_flat(*flat_out, *outs); };
                  });
@@ -975,8 +928,8 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::send(std::vector<at::Tensor>& tensor
   check_root(dst, size_, "send");
   auto s = std::make_shared<Staged>(stage(tensors[0], "send"));
   return enqueue(c10d::OpType::SEND, "kolo:send", tensors, [this, s, dst, tag](Task& task) {
-    auto poll = api::post(*comm_, true, s->view("send"), dst, tag);
-    task.poll = [s, poll] { return poll(); };
+    auto req = std::make_shared<Comm::P2PRequest>(comm_->isend(s->view("send"), dst, tag));
+    task.poll = [this, s, req] { return comm_->test(*req); };
   });
 }
 
@@ -986,8 +939,8 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::recv(std::vector<at::Tensor>& tensor
   check_root(src, size_, "recv");
   auto s = std::make_shared<Staged>(stage(tensors[0], "recv", false));
   auto work = enqueue(c10d::OpType::RECV, "kolo:recv", tensors, [this, s, src, tag](Task& task) {
-    auto poll = api::post(*comm_, false, s->view("recv"), src, tag);
-    task.poll = [s, poll] { return poll(); };
+    auto req = std::make_shared<Comm::P2PRequest>(comm_->irecv(s->view("recv"), src, tag));
+    task.poll = [this, s, req] { return comm_->test(*req); };
     task.after = [s] { s->write_back(); };
   });
   static_cast<KoloWork*>(work.get())->set_source_rank(src);
