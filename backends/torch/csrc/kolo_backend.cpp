@@ -308,13 +308,14 @@ bool KoloWork::wait(std::chrono::milliseconds timeout) {
 }
 
 void KoloWork::complete(std::exception_ptr error) {
-  finish(error);
-  done_.store(true, std::memory_order_release);
+  // The future first: a thread that wait()ed may read it as soon as the work is finished.
   if (error) {
     future_->setError(error);
   } else {
     future_->markCompleted(c10::IValue(outputs_));
   }
+  finish(error);
+  done_.store(true, std::memory_order_release);
 }
 
 // ---- the queue ----
