@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""PyTorch's own distributed test suite against a backend: kolo, or gloo as the reference.
+
+    python tests/torch/run_pytorch_suite.py --backend kolo --world-size 2 -k test_all_reduce
+    python tests/torch/run_pytorch_suite.py --backend gloo --world-size 3 --selection ddp
+
+The suite is torch/testing/_internal/distributed/distributed_test.py, shipped in the torch
+wheel: the class DistributedTest._DistTestBase runs every test in world-size fresh processes,
+rendezvousing through file:// (the way PyTorch's own test_distributed_spawn.py runs it; this
+wrapper is ours). For kolo it declares the features kolo implements in the suite's feature
+table (DistTestCases.backend_feature: "ddp", "subgroup", "plugin") before the suite is
+imported. Tests that the suite gates on a backend name ("gloo", "nccl") are skipped for kolo
+by the suite itself; docs/torch.md lists what ran, passed and was skipped, and why.
+
+--selection picks name patterns (see SELECTIONS); -k adds more. The summary line is
+"N passed, N failed, N skipped".
+"""
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+import unittest
+
+SELECTIONS = {
+    # the collective tests (CPU)
+    "collectives": [r"test_all_reduce", r"test_broadcast", r"test_reduce_", r"test_reduce_sum",
+                    r"test_all_gather", r"test_gather", r"test_scatter", r"test_reduce_scatter",
+                    r"test_all_to_all", r"test_barrier", r"test_send_recv", r"test_isend",
+                    r"test_irecv", r"test_batch_isend_irecv", r"test_new_subgroups",
+                    r"test_get_rank", r"test_irecv", r"test_dump_DDP"],
+    # DistributedDataParallel on CPU
+    "ddp": [r"test_DistributedDataParallel", r"test_ddp_"],
+    # DDP communication hooks
+    "hooks": [r"comm_hook", r"test_ddp_hook"],
+    # the lean subset CI runs (about a minute per world size on 2 cores)
+    "ci": [r"test_all_reduce_sum$", r"test_all_reduce_max$", r"test_all_reduce_coalesced_sum$",
+           r"test_broadcast$", r"test_reduce_sum$", r"test_all_gather$", r"test_gather$",
+           r"test_scatter$", r"test_all_to_all_single_equal_split$", r"test_barrier$",
+           r"test_send_recv$", r"test_isend$", r"test_DistributedDataParallelCPU$",
+           r"test_ddp_comm_hook_logging$", r"test_all_reduce_sum_async$"],
+}
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", default="kolo")
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--selection", action="append", default=[], choices=sorted(SELECTIONS))
+    ap.add_argument("-k", action="append", default=[], help="regular expression on test names")
+    ap.add_argument("--list", action="store_true", help="list the selected tests, run nothing")
+    ap.add_argument("-v", action="store_true")
+    return ap.parse_args()
+
+
+# The ranks are spawned processes that import this file again (as __mp_main__): the test class
+# must be defined at module level, after the environment below is set (by the parent's
+# arguments; the children inherit it).
+if __name__ == "__main__":
+    ARGS = parse_args()
+    os.environ["BACKEND"] = ARGS.backend
+    os.environ["WORLD_SIZE"] = str(ARGS.world_size)
+    os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="kolo-pt-suite-"))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
+
+if os.environ.get("BACKEND") == "kolo":
+    import kolo_torch  # noqa: F401,E402
+    for _feature in ("ddp", "subgroup", "plugin"):
+        DistTestCases.backend_feature[_feature].add("kolo")
+
+from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
+    DistributedTest, TestDistBackend)
+
+
+class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+
+def run(args):
+    patterns = [p for s in args.selection for p in SELECTIONS[s]] + args.k
+    loader = unittest.TestLoader()
+    names = loader.getTestCaseNames(TestDistBackendWithSpawn)
+    chosen = [n for n in names if not patterns or any(re.search(p, n) for p in patterns)]
+    if args.list:
+        print("\n".join(chosen))
+        print(f"{len(chosen)} tests")
+        return 0
+    suite = unittest.TestSuite(TestDistBackendWithSpawn(n) for n in chosen)
+    t0 = time.monotonic()
+    result = unittest.TextTestRunner(verbosity=2 if args.v else 1, stream=sys.stdout).run(suite)
+    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
+    skipped = len(result.skipped)
+    passed = result.testsRun - failed - skipped
+    for test, why in result.skipped:
+        print(f"skipped: {test.id().split('.')[-1]}: {why}")
+    for test, _ in result.failures + result.errors:
+        print(f"failed: {test.id().split('.')[-1]}")
+    print(f"backend {args.backend}, world size {args.world_size}, {len(chosen)} selected, "
+          f"{time.monotonic() - t0:.0f} s")
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 0 if failed == 0 and passed > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run(ARGS))
