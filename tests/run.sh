@@ -50,9 +50,11 @@ echo "python: ${KOLO_PYTHON_ENV:-none} ($((SECONDS - started)) s)"
 
 section "configure ($build_type) into $build_dir"
 # -O2: the level the suite is developed and timed at (Release defaults to -O3).
+# The libtorch example (examples/libtorch) builds against the venv's torch wheel.
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" \
   -DCMAKE_CXX_FLAGS_RELEASE="${CI_CXX_FLAGS_RELEASE:--O2 -DNDEBUG}" \
-  -DKOLO_FUZZ_SECONDS="${CI_FUZZ_SECONDS:-0}"
+  -DKOLO_FUZZ_SECONDS="${CI_FUZZ_SECONDS:-0}" \
+  -DKOLO_WITH_LIBTORCH=ON -DKOLO_TORCH_PYTHON="${KOLO_PYTHON_ENV:-python3}"
 
 section "build"
 cmake --build "$build_dir" -j "$jobs"
