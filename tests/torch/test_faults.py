@@ -6,6 +6,9 @@ kill      3 ranks train a DDP model; the driver SIGKILLs rank 1 mid-training. Ev
           kill, and no rank process may remain.
 mismatch  2 ranks: all_reduce of 10 vs 11 elements, then all_reduce vs broadcast on a fresh
           group: every rank raises a RuntimeError naming both sides.
+hang      2 ranks, a 4 s group timeout: rank 1 sleeps instead of calling all_reduce; rank 0's
+          all_reduce must raise a timeout within 4 + 5 s, and wait(timeout) on an async
+          all_reduce raises at its own shorter timeout first.
 stranger  2 ranks over TCP (KOLO_TRANSPORT=tcp): the driver connects to every TCP port the
           ranks listen on (the torch store's included) and sends garbage; the job's next
           collectives still give exact results.
@@ -29,7 +32,31 @@ def rank_main(r, n, config):
     import torch.distributed as dist
 
     mode = config["mode"]
-    dist.init_process_group("kolo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    seconds = config.get("timeout", TIMEOUT_S)
+    dist.init_process_group("kolo", timeout=datetime.timedelta(seconds=seconds))
+    if mode == "hang":
+        if r == 1:
+            time.sleep(seconds + 2)  # never calls; exits after rank 0 has given up
+            os._exit(0)
+        w = dist.all_reduce(torch.ones(8), async_op=True)
+        t0 = time.monotonic()
+        try:
+            w.wait(datetime.timedelta(seconds=1))
+            raise AssertionError("wait(1 s) returned although rank 1 never called")
+        except RuntimeError as e:
+            waited = time.monotonic() - t0
+            assert waited < seconds, f"wait(1 s) took {waited:.2f} s"
+            print(f"result: hang: wait(timeout=1 s) raised after {waited:.2f} s: {e}", flush=True)
+        t0 = time.monotonic()
+        try:
+            w.wait()
+            raise AssertionError("the collective completed although rank 1 never called")
+        except RuntimeError as e:
+            waited = time.monotonic() - t0 + 1.0
+            print(f"result: hang: the collective failed {waited:.2f} s after it was issued "
+                  f"(timeout {seconds} s): {str(e)[:160]}", flush=True)
+            assert waited <= seconds + 5, waited
+        os._exit(0)
     if mode == "kill":
         from torch.nn.parallel import DistributedDataParallel as DDP
         torch.manual_seed(0)
@@ -148,6 +175,11 @@ def drive_mismatch(script):
     return harness.run_config(script, config, 60)
 
 
+def drive_hang(script):
+    config = {"name": "hang", "world": 2, "mode": "hang", "timeout": 4}
+    return harness.run_config(script, config, 60)
+
+
 def drive_stranger(script):
     go = f"/tmp/kolo-stranger-go-{os.getpid()}"
     config = {"name": "stranger", "world": 2, "mode": "stranger", "go": go,
@@ -189,7 +221,7 @@ if __name__ == "__main__":
         sys.exit(0)
     script = os.path.abspath(sys.argv[0])
     passed = failed = 0
-    for name, fn in (("kill", drive_kill), ("mismatch", drive_mismatch),
+    for name, fn in (("kill", drive_kill), ("mismatch", drive_mismatch), ("hang", drive_hang),
                      ("stranger", drive_stranger)):
         if args.only and args.only not in name:
             continue
