@@ -602,42 +602,44 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::all_gather_single(
                  });
 }
 
+// outputs[q][i] receives rank q's inputs[i]: every input goes into one flat buffer, one
+// allgather moves all of them, and the blocks are unpacked per rank and input.
 c10::intrusive_ptr<c10d::Work> KoloBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& /*opts*/) {
-  if (outputs.size() != inputs.size()) {
-    fail("allgather_coalesced: " + std::to_string(outputs.size()) + " output lists for " +
-         std::to_string(inputs.size()) + " inputs");
+  if (inputs.empty()) fail("allgather_coalesced: no input tensors");
+  if (static_cast<int>(outputs.size()) != size_) {
+    fail("allgather_coalesced: " + std::to_string(outputs.size()) +
+         " output lists for a world of " + std::to_string(size_) + " (one list per rank)");
   }
-  std::vector<std::shared_ptr<Staged>> ins;
+  const at::ScalarType st = inputs[0].scalar_type();
+  check_same_dtype(inputs, st, "allgather_coalesced");
+  std::vector<at::Tensor> host;
   std::vector<at::Tensor> all_outputs;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (static_cast<int>(outputs[i].size()) != size_) {
-      fail("allgather_coalesced: output list " + std::to_string(i) + " has " +
-           std::to_string(outputs[i].size()) + " tensors for a world of " + std::to_string(size_));
+  for (const auto& t : inputs) host.push_back(stage(t, "allgather_coalesced").host);
+  for (std::size_t q = 0; q < outputs.size(); ++q) {
+    if (outputs[q].size() != inputs.size()) {
+      fail("allgather_coalesced: output list " + std::to_string(q) + " has " +
+           std::to_string(outputs[q].size()) + " tensors for " + std::to_string(inputs.size()) +
+           " inputs");
     }
-    for (const auto& o : outputs[i]) {
-      if (o.numel() != inputs[i].numel() || o.scalar_type() != inputs[i].scalar_type()) {
-        fail("allgather_coalesced: output tensors must match their input in size and dtype");
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (outputs[q][i].numel() != inputs[i].numel() || outputs[q][i].scalar_type() != st) {
+        fail("allgather_coalesced: output [" + std::to_string(q) + "][" + std::to_string(i) +
+             "] must match input " + std::to_string(i) + " in size and dtype");
       }
-      all_outputs.push_back(o);
+      all_outputs.push_back(outputs[q][i]);
     }
-    ins.push_back(std::make_shared<Staged>(stage(inputs[i], "allgather_coalesced")));
   }
-  auto outs = std::make_shared<std::vector<std::vector<at::Tensor>>>(outputs);
+  auto flat_in = std::make_shared<at::Tensor>(gather_flat(host, inputs[0]));
+  auto outs = std::make_shared<std::vector<at::Tensor>>(all_outputs);
   return enqueue(c10d::OpType::ALLGATHER_COALESCED, "kolo:all_gather_coalesced", all_outputs,
-                 [this, ins, outs](Task& task) {
-                   auto flats = std::make_shared<std::vector<at::Tensor>>();
-                   for (std::size_t i = 0; i < ins.size(); ++i) {
-                     flats->push_back(flat_like((*outs)[i], ins[i]->host));
-                     comm_->allgather(ins[i]->view("allgather_coalesced"),
-                                      view_of(flats->back(), "allgather_coalesced"));
-                   }
-                   task.after = [flats, outs] {
-                     for (std::size_t i = 0; i < flats->size(); ++i) {
-                       scatter_flat((*flats)[i], (*outs)[i]);
-                     }
-                   };
+                 [this, flat_in, outs](Task& task) {
+                   auto flat_out = std::make_shared<at::Tensor>(
+                       at::empty({flat_in->numel() * size_}, flat_in->options()));
+                   comm_->allgather(view_of(*flat_in, "allgather_coalesced"),
+                                    view_of(*flat_out, "allgather_coalesced"));
+                   task.after = [flat_out, outs] { scatter_flat(*flat_out, *outs); };
                  });
 }
 
