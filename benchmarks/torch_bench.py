@@ -40,6 +40,8 @@ def sizes(lo, hi):
     while b <= hi:
         out.append(b)
         b *= 4
+    if out and out[-1] != hi:
+        out.append(hi)  # the top of the range (256 MiB) even off the x4 grid
     return out
 
 
