@@ -162,6 +162,13 @@ def rank_main(r, n, config):
             t = torch.full((2,), float(r))
             dist.broadcast(t, src=n - 1, group=rest)
             check(torch.all(t == n - 1), f"subgroup broadcast {t}")
+        # split_group: torch asks the backend to split itself (supportsSplitting)
+        others = [q for q in range(n) if q not in (0, n - 1)]
+        sg = dist.split_group(split_ranks=[[0, n - 1]] + ([others] if others else []))
+        t = torch.full((2,), float(r))
+        dist.all_reduce(t, group=sg)
+        want = float(n - 1) if r in (0, n - 1) else float(sum(others))
+        check(torch.all(t == want), f"split_group allreduce {t}")
     dist.barrier()
     dist.destroy_process_group()
     print(f"rank {r}: collectives ok")

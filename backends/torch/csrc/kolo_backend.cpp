@@ -340,7 +340,9 @@ std::chrono::milliseconds effective_timeout(std::chrono::milliseconds torch_time
 
 KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, size), timeout_(timeout) {
+    : c10d::Backend(rank, size),
+      timeout_(timeout),
+      options_(c10::make_intrusive<Options>("kolo", timeout)) {
   try {
     spin_budget();  // KOLO_TORCH_SPIN_US is checked here, on every rank alike
     kolo::Topology topo = kolo::Topology::for_rank(rank, size);
@@ -957,11 +959,13 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::recvAnysource(std::vector<at::Tensor
 
 c10::intrusive_ptr<c10d::Backend> KoloBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
                                                      const std::vector<int>& ranks,
-                                                     const c10::intrusive_ptr<Options>& /*opts*/) {
+                                                     const c10::intrusive_ptr<Options>& opts) {
   const auto it = std::find(ranks.begin(), ranks.end(), rank_);
   if (it == ranks.end()) return nullptr;
+  // The child rendezvouses through the store torch hands it (a prefix of its own per group).
   return c10::make_intrusive<KoloBackend>(store, static_cast<int>(it - ranks.begin()),
-                                          static_cast<int>(ranks.size()), timeout_);
+                                          static_cast<int>(ranks.size()),
+                                          opts ? opts->timeout : timeout_);
 }
 
 }  // namespace kolo_torch

@@ -70,6 +70,8 @@ class KoloBackend : public c10d::Backend {
                                                   std::chrono::duration<float> timeout);
 
   const std::string getBackendName() const override { return "kolo"; }
+  // torch's split_group clones these for the children (the timeout is the one kept).
+  c10::intrusive_ptr<Options> getBackendOptions() override { return options_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -153,6 +155,7 @@ class KoloBackend : public c10d::Backend {
 
   std::unique_ptr<Comm> comm_;
   std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<Options> options_;
 
   std::mutex mu_;
   std::condition_variable cv_;
