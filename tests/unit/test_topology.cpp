@@ -296,6 +296,20 @@ TEST_CASE("topology: rank and size errors name the variable and the value") {
   check_error(without(two_ranks(), "KOLO_SIZE"), {"KOLO_SIZE is not set"});
   check_error(without(two_ranks(), "KOLO_RANK"), {"KOLO_RANK is not set"});
   check_error({{"WORLD_SIZE", "2"}}, {"KOLO_RANK is not set", "RANK"});
+  // mpirun without kolo's rendezvous: one message that names what to do
+  check_error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
+              {"started by mpirun (OMPI_COMM_WORLD_SIZE=2)", "MpiTransport", "kolo-run"});
+}
+
+TEST_CASE("topology: no launcher variables at all is a single-rank job") {
+  const auto t = topo({});
+  CHECK(t.size == 1);
+  CHECK(t.rank == 0);
+  CHECK(!t.store);
+  CHECK(t.timeout_seconds == 30.0);
+  // the knobs still apply, and bad ones are still errors
+  CHECK(topo({{"KOLO_TIMEOUT_SECONDS", "5"}}).timeout_seconds == 5.0);
+  check_error({{"KOLO_TIMEOUT_SECONDS", "soon"}}, {"KOLO_TIMEOUT_SECONDS=soon"});
 }
 
 TEST_CASE("topology: local and cross rank errors name the variable and the value") {
@@ -392,5 +406,8 @@ TEST_CASE("topology: from_env() reads the process environment") {
       kolo::process_env()("PMI_SIZE")) {
     return;
   }
-  CHECK_THROWS_AS(kolo::Topology::from_env(), kolo::ConfigError);
+  // Not started by a launcher: a single-rank job.
+  const auto t = kolo::Topology::from_env();
+  CHECK(t.size == 1);
+  CHECK(t.rank == 0);
 }

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <string>
@@ -81,6 +82,19 @@ struct Topology {
         first({"KOLO_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE"});
     const auto rank =
         first({"KOLO_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK"});
+    if (!size && !rank) {
+      // No launcher at all: one process on its own, as an MPI singleton or hvd.init() without
+      // horovodrun (every launcher exports a size). Collectives are then copies.
+      if (log_level_from_env(env) == LogLevel::debug) {
+        std::fprintf(stderr,
+                     "kolo: no launcher variables (KOLO_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE, "
+                     "...): a single-rank job\n");
+      }
+      t.size = 1;
+      t.rank = 0;
+      read_knobs(t, env);
+      return t;
+    }
     if (!size) {
       throw ConfigError(
           "KOLO_SIZE is not set (nor WORLD_SIZE, OMPI_COMM_WORLD_SIZE, HOROVOD_SIZE): start the "
@@ -174,6 +188,14 @@ struct Topology {
       }
     }
     if (!t.store && sz > 1) {
+      if (size->first == "OMPI_COMM_WORLD_SIZE" || size->first == "PMI_SIZE") {
+        // Under mpirun without kolo's variables: one message with the one thing to do.
+        throw ConfigError(
+            "started by mpirun (" + size->first + "=" + size->second +
+            ") without a kolo rendezvous: inside an MPI job build the communicator from MPI "
+            "(kolo::Communicator<kolo::MpiTransport>(std::make_unique<kolo::MpiTransport>("
+            "MPI_COMM_WORLD)), kolo/transport/mpi.hpp), or start the program with kolo-run");
+      }
       throw ConfigError("KOLO_STORE is not set (nor KOLO_PEERS, MASTER_ADDR/MASTER_PORT): " +
                         std::to_string(sz) + " ranks need a rendezvous address");
     }
