@@ -62,7 +62,7 @@ TEST_CASE("reduce: every dtype x op x count x root, in-place and out-of-place") 
                 wrong += !close(out[i], expected_value<T>(op, n, i), op);
             }
             // the input is left alone on every rank
-            wrong += std::memcmp(in.data(), original.data(), count * sizeof(T)) != 0;
+            wrong += count > 0 && std::memcmp(in.data(), original.data(), count * sizeof(T)) != 0;
             CHECK_MESSAGE(wrong == 0, what("reduce", dt, count, root, "out-of-place"));
             // in place on the root
             c.reduce(TensorView(in.data(), count, dt),
