@@ -17,7 +17,7 @@ repeats:
 
 plus this machine's memcpy bandwidth M (kolo-bench --memcpy) and the time to compile a file
 that includes <kolo/kolo.hpp> at -O2. Writes <out>/results.json, <out>/allreduce_busbw.png,
-<out>/allreduce_latency.png and <out>/tables.md; prints the target table of BENCHMARKS.md
+<out>/allreduce_latency.png and <out>/tables.md; prints the table of the speed targets
 (target vs measured, PASS/SHORT); with --doc, replaces the generated section of that file
 (between `<!-- compare.py:begin -->` and `<!-- compare.py:end -->`).
 """
@@ -535,7 +535,7 @@ def main():
                f"at once: {memcpy_agg2:.2f} GB/s together. Compile time of a .cpp including "
                f"<kolo/kolo.hpp> at -O2: {comp['seconds']:.2f} s wall, {comp['cpu_seconds']:.2f} s CPU "
                f"({os.path.basename(comp['compiler'])}).\n")
-    generated = ("### Targets (BENCHMARKS.md)\n\n" + summary + "\n" + ttable +
+    generated = ("### Targets\n\n" + summary + "\n" + ttable +
                  "\n\n### Allreduce, side by side\n\n" +
                  f"![busbw vs size]({img_dir}/allreduce_busbw.png)\n\n" +
                  f"![latency vs size]({img_dir}/allreduce_latency.png)\n\n" + tables)

@@ -1,4 +1,4 @@
-// kolo-fusion-bench — the fusion target of BENCHMARKS.md: many small gradients through
+// kolo-fusion-bench — the fusion target (docs/engine.md): many small gradients through
 // kolo::Engine (negotiation + fusion) against one allreduce of the same total size.
 //
 //   kolo-run -np 2 kolo-fusion-bench [--tensors 1024] [--tensor-bytes 4K] [-n 20] [-w 3]

@@ -6,7 +6,7 @@
 //   kolo-run -np 4 kolo-bench --impl gloo-ring-chunked
 //   kolo-bench --memcpy -b 1M -e 256M                             (this machine's memcpy M)
 //
-// Conventions (docs/performance.md, BENCHMARKS.md): time = mean per operation after warm-up,
+// Conventions (docs/performance.md): time = mean per operation after warm-up,
 // averaged across ranks; algbw = size / time, busbw = algbw x the collective's factor, GB = 1e9;
 // results are checked outside the timed loop with small-integer inputs that make every
 // summation order exact, so the tolerance is 0 and any difference is a wrong element.

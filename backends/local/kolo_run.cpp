@@ -2,7 +2,7 @@
 //
 // It does for kolo what mpirun/horovodrun do for MPI/Horovod, on one machine:
 //   * hosts the rendezvous store in-process, with a fresh secret per job;
-//   * starts N ranks, each with the environment contract of docs ENV.md (KOLO_RANK, ...);
+//   * starts N ranks, each with the environment contract of docs/environment.md (KOLO_RANK, ...);
 //   * ranks on "hosts" that are network namespaces (the multi-host tests) go through
 //     `ip netns exec`, so one machine can stand in for several;
 //   * prefixes every output line with "[rank] " and never mixes two ranks inside one line;

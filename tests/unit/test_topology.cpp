@@ -1,6 +1,7 @@
-// kolo::Topology::from_env: the environment contract of ENV.md, read through a map so each case
-// states its whole environment. Every bad value must be a ConfigError that names the variable
-// and the value the user set, because that message is all a user sees when a job fails to start.
+// kolo::Topology::from_env: the environment contract of docs/environment.md, read through a map so
+// each case states its whole environment. Every bad value must be a ConfigError that names the
+// variable and the value the user set, because that message is all a user sees when a job fails to
+// start.
 #include <doctest/doctest.h>
 
 #include <sys/socket.h>

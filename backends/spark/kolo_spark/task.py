@@ -1,6 +1,6 @@
 """What runs inside each barrier task (and, for ``local_mode``, the same pieces on the driver).
 
-ENV.md, "What the Spark side does": bind a listening socket and keep it, one ``allGather`` of
+docs/spark.md: bind a listening socket and keep it, one ``allGather`` of
 {rank, host key, ip, port, gpus}, local/cross ranks computed from it, then the native binary
 with the environment contract, in its own process group, its output streamed and its tail kept.
 A failure becomes an exception that fails the Spark stage and that the driver turns back into a

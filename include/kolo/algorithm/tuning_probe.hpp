@@ -186,7 +186,7 @@ inline bool file_exists(const std::string& path) {
 }
 
 // POSIX I/O rather than <fstream>: this header is part of <kolo/kolo.hpp>, whose compile time
-// is a target (BENCHMARKS.md).
+// is a target (docs/performance.md).
 inline Tuning read_tuning_file(const std::string& path) {
   const std::string where = "KOLO_TUNING=file:" + path;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -1,4 +1,5 @@
-// kolo/topology/topology.hpp — who am I, who are my peers: the environment contract (ENV.md).
+// kolo/topology/topology.hpp — who am I, who are my peers: the environment contract
+// (docs/environment.md).
 //
 // One contract, many launchers: kolo-run, mpirun, torchrun, horovodrun and the Spark backend all
 // end by exporting these variables. KOLO_* names win; the aliases of the launchers people already
