@@ -256,9 +256,13 @@ at::Tensor gather_flat(const std::vector<at::Tensor>& parts, const at::Tensor& l
 }
 
 std::exception_ptr wrap(const std::exception& e) {
-  const std::string what = e.what();
-  return std::make_exception_ptr(
-      std::runtime_error(what.rfind("kolo", 0) == 0 ? what : "kolo: " + what));
+  std::string what = e.what();
+  if (what.rfind("kolo", 0) != 0) what = "kolo: " + what;
+  // torch's wording for a deadline, which scripts and PyTorch's tests match on
+  if (dynamic_cast<const kolo::TimeoutError*>(&e) != nullptr) {
+    what = "kolo: Timed out - " + what.substr(6);
+  }
+  return std::make_exception_ptr(std::runtime_error(what));
 }
 
 }  // namespace
@@ -381,6 +385,7 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::enqueue(c10d::OpType op, const char*
     if (stopping_) fail(std::string(title) + ": " + stop_reason_);
     queue_.push_back(task);
     queued_.fetch_add(1, std::memory_order_release);
+    issued_.fetch_add(1, std::memory_order_relaxed);
   }
   cv_.notify_one();
   return task->work;

@@ -72,6 +72,10 @@ class KoloBackend : public c10d::Backend {
   const std::string getBackendName() const override { return "kolo"; }
   // torch's split_group clones these for the children (the timeout is the one kept).
   c10::intrusive_ptr<Options> getBackendOptions() override { return options_; }
+  // The number of operations issued on this group so far (the same on every rank of a
+  // correct program: torch compares them to find ranks that fell out of step).
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return issued_.load(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -160,7 +164,8 @@ class KoloBackend : public c10d::Backend {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Task>> queue_;
-  std::atomic<std::size_t> queued_{0};  // queue_.size(), readable without the lock
+  std::atomic<std::size_t> queued_{0};
+  std::atomic<std::uint64_t> issued_{0};  // queue_.size(), readable without the lock
   bool stopping_ = false;
   std::string stop_reason_;
   std::thread worker_;
