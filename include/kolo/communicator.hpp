@@ -48,6 +48,7 @@
 #include "kolo/algorithm/rooted.hpp"
 #include "kolo/algorithm/selector.hpp"
 #include "kolo/algorithm/tuning_probe.hpp"
+#include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/core/signature.hpp"
@@ -126,17 +127,16 @@ struct CommunicatorOptions {
 
   static CommunicatorOptions from_env(const EnvLookup& env = process_env()) {
     CommunicatorOptions o;
-    if (auto v = env_int(env, "KOLO_SMALL_ALLREDUCE_BYTES", 0, 1ll << 40)) {
+    if (auto v = config::get_int(env, config::vars::small_allreduce_bytes)) {
       o.small_allreduce_bytes = static_cast<std::size_t>(*v);
     }
-    if (auto v = env_int(env, "KOLO_SEGMENT_BYTES", 64, 1ll << 30)) {
+    if (auto v = config::get_int(env, config::vars::segment_bytes)) {
       o.segment_bytes = static_cast<std::size_t>(*v);
     }
-    // Set but empty means unset, as for KOLO_TRANSPORT.
-    if (auto v = env("KOLO_ALLREDUCE"); v && !v->empty()) {
+    if (auto v = config::get_text(env, config::vars::allreduce)) {
       o.allreduce_rules = SizeRules<AllreduceAlgorithm>::parse("KOLO_ALLREDUCE", *v);
     }
-    if (auto v = env("KOLO_BROADCAST"); v && !v->empty()) {
+    if (auto v = config::get_text(env, config::vars::broadcast)) {
       o.broadcast_rules = SizeRules<BroadcastAlgorithm>::parse("KOLO_BROADCAST", *v);
     }
     o.tuning = TuningSource::from_env(env);

@@ -1,4 +1,4 @@
-// The bad-input sweep over every KOLO_* variable kolo reads (docs/environment.md, docs/engine.md):
+// The bad-input sweep over every KOLO_* variable of the configuration table (kolo/core/config.hpp):
 // each one, given an empty, negative, huge, non-numeric or wrong-type value, must either raise a
 // ConfigError whose message names the variable (and its value, except KOLO_SECRET, which is never
 // echoed) — or be listed below as a value that is deliberately accepted, with the reason. Nothing
@@ -12,11 +12,13 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "kolo/communicator.hpp"
 #include "kolo/compression/compressor.hpp"
+#include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/engine/engine.hpp"
@@ -43,109 +45,127 @@ Env two_ranks() {
           {"KOLO_SECRET", "0123456789abcdef"}};
 }
 
-enum class Reader { topology, mesh, transport, communicator, engine, compression, log_level };
+using kolo::config::Kind;
+using kolo::config::Reader;
+using kolo::config::Var;
 
-// Runs the reader of `r` on `env`.
-void read_with(Reader r, const Env& env) {
+// Runs the library's own reader of variables owned by `r` on `env`; false when that reader is
+// not part of this binary (GPU, MPI, torch and Spark readers are swept by their own suites:
+// tests/gpu gpu/host, tests/mpi, tests/torch, tests/spark).
+bool read_with(Reader r, const Env& env) {
   const auto e = lookup(env);
   switch (r) {
     case Reader::topology:
       (void)kolo::Topology::from_env(e);
-      return;
-    case Reader::mesh:
-      (void)kolo::MeshOptions::from_env(e);
-      return;
-    case Reader::transport:
-      (void)kolo::route_mode_from_env(e);
-      return;
-    case Reader::communicator:
-      (void)kolo::CommunicatorOptions::from_env(e);
-      return;
-    case Reader::engine:
-      (void)kolo::EngineOptions::from_env(e);
-      return;
-    case Reader::compression:
-      (void)kolo::CompressionPolicy::from_env(e);
-      return;
+      return true;
     case Reader::log_level:
       (void)kolo::log_level_from_env(e);
-      return;
+      (void)kolo::Topology::from_env(e);  // the topology checks it too, on every rank alike
+      return true;
+    case Reader::mesh:
+      (void)kolo::MeshOptions::from_env(e);
+      return true;
+    case Reader::route:
+      (void)kolo::route_mode_from_env(e);
+      return true;
+    case Reader::communicator:
+      (void)kolo::CommunicatorOptions::from_env(e);
+      return true;
+    case Reader::engine:
+      (void)kolo::EngineOptions::from_env(e);
+      return true;
+    case Reader::compression:
+      (void)kolo::CompressionPolicy::from_env(e);
+      (void)kolo::EngineOptions::from_env(e);
+      return true;
+    case Reader::gpu:
+    case Reader::mpi:
+    case Reader::torch:
+    case Reader::spark_data:
+    case Reader::none:
+      return false;
   }
+  return false;
 }
 
-// The kinds of value a variable holds, and the bad values each kind is swept with.
-enum class Kind { integer, real, name, rules, host_port, peers, devices, secret, addr, opaque, fd };
-
+// The bad values each kind of variable is swept with.
 const std::vector<std::string>& bad_values(Kind k) {
   static const std::string huge = "99999999999999999999999";  // beyond 64 bits
-  static const std::map<Kind, std::vector<std::string>> values = {
-      {Kind::integer,
-       {"", " ", "-1", huge, "9223372036854775807", "abc", "1.5", "12abc", "0x10", "1e3", "true",
-        "+-3"}},
-      {Kind::fd, {"", " ", "-1", huge, "9223372036854775807", "abc", "1.5", "0x10", "0", "999"}},
-      {Kind::real,
-       {"", " ", "-1", huge, "1e400", "abc", "5s", "true", "nan", "inf", "-inf", "1,5", "--1"}},
-      {Kind::name, {"", " ", "-1", huge, "abc", "1.5", "42", "tcp,shm", "none;"}},
-      {Kind::rules,
-       {"", " ", "-1", huge, "abc", "1.5", "ring", "ring:0-abc", "ring:10-5", "ring:0-100",
-        "ring:0-max;tree:0-max", "bogus:0-max"}},
-      {Kind::host_port,
-       {"", " ", "-1", huge, "abc", "1.5", "host:", ":29500", "host:0", "host:65536", "host:-1",
-        "host:abc", "host:99999999999999999999"}},
-      {Kind::peers, {"", " ", "-1", huge, "abc", "a:1", "a:1,b:x", "a:1,b:2,c:3", "a:1;b:2"}},
-      {Kind::devices, {"", "-1", huge, "abc", "1.5", "0,-1", "4294967296", "0;1", "gpu0"}},
-      {Kind::secret, {"", " ", "-1", huge, "abc", "1.5", "x7y6z5w"}},
-      {Kind::addr, {"", " ", "-1", huge, "abc", "1.5", "a b", "-host", "host:1", "a..b", "."}},
-      {Kind::opaque, {"", " ", "-1", huge, "abc", "1.5"}},
-  };
-  return values.at(k);
+  static const std::vector<std::string> integer = {
+      "",     " ",   "-1",   huge, "9223372036854775807", "abc", "1.5", "12abc",
+      "0x10", "1e3", "true", "+-3"};
+  static const std::vector<std::string> flag = {"",    " ",   "-1",  "2",  huge,
+                                                "abc", "1.5", "yes", "0x1"};
+  static const std::vector<std::string> fd = {"",    " ",   "-1",   huge, "9223372036854775807",
+                                              "abc", "1.5", "0x10", "0",  "999"};
+  static const std::vector<std::string> real = {
+      "", " ", "-1", huge, "1e400", "abc", "5s", "true", "nan", "inf", "-inf", "1,5", "--1", "\t1"};
+  static const std::vector<std::string> name = {"",    " ",  "-1",      huge,   "abc",
+                                                "1.5", "42", "tcp,shm", "none;"};
+  static const std::vector<std::string> rules = {"",
+                                                 " ",
+                                                 "-1",
+                                                 huge,
+                                                 "abc",
+                                                 "1.5",
+                                                 "ring",
+                                                 "ring:0-abc",
+                                                 "ring:10-5",
+                                                 "ring:0-100",
+                                                 "ring:0-max;tree:0-max",
+                                                 "bogus:0-max"};
+  static const std::vector<std::string> host_port = {"",
+                                                     " ",
+                                                     "-1",
+                                                     huge,
+                                                     "abc",
+                                                     "1.5",
+                                                     "host:",
+                                                     ":29500",
+                                                     "host:0",
+                                                     "host:65536",
+                                                     "host:-1",
+                                                     "host:abc",
+                                                     "host:99999999999999999999"};
+  static const std::vector<std::string> peers = {"",    " ",       "-1",          huge,     "abc",
+                                                 "a:1", "a:1,b:x", "a:1,b:2,c:3", "a:1;b:2"};
+  static const std::vector<std::string> devices = {"",     "-1",         huge,  "abc", "1.5",
+                                                   "0,-1", "4294967296", "0;1", "gpu0"};
+  static const std::vector<std::string> secret = {"", " ", "-1", huge, "abc", "1.5", "x7y6z5w"};
+  static const std::vector<std::string> addr = {"",    " ",     "-1",     huge,   "abc", "1.5",
+                                                "a b", "-host", "host:1", "a..b", "."};
+  static const std::vector<std::string> text = {"", " ", "-1", huge, "abc", "1.5"};
+  switch (k) {
+    case Kind::integer:
+      return integer;
+    case Kind::flag:
+      return flag;
+    case Kind::fd:
+      return fd;
+    case Kind::real:
+      return real;
+    case Kind::choice:
+      return name;
+    case Kind::rules:
+      return rules;
+    case Kind::host_port:
+      return host_port;
+    case Kind::host_ports:
+      return peers;
+    case Kind::id_list:
+      return devices;
+    case Kind::secret:
+      return secret;
+    case Kind::address:
+      return addr;
+    case Kind::text:
+      return text;
+  }
+  return text;
 }
 
-struct Var {
-  const char* name;
-  Reader reader;
-  Kind kind;
-};
-
-// Every KOLO_* variable of docs/environment.md and docs/engine.md, plus KOLO_LOG_LEVEL,
-// KOLO_TUNING and the deprecated KOLO_SMALL_ALLREDUCE_BYTES.
-const std::vector<Var> kVars = {
-    {"KOLO_RANK", Reader::topology, Kind::integer},
-    {"KOLO_SIZE", Reader::topology, Kind::integer},
-    {"KOLO_LOCAL_RANK", Reader::topology, Kind::integer},
-    {"KOLO_LOCAL_SIZE", Reader::topology, Kind::integer},
-    {"KOLO_CROSS_RANK", Reader::topology, Kind::integer},
-    {"KOLO_CROSS_SIZE", Reader::topology, Kind::integer},
-    {"KOLO_STORE", Reader::topology, Kind::host_port},
-    {"KOLO_PEERS", Reader::topology, Kind::peers},
-    {"KOLO_LISTEN_FD", Reader::topology, Kind::fd},
-    {"KOLO_SECRET", Reader::topology, Kind::secret},
-    {"KOLO_HOST_KEY", Reader::topology, Kind::opaque},
-    {"KOLO_ADDR", Reader::topology, Kind::addr},
-    {"KOLO_DEVICES", Reader::topology, Kind::devices},
-    {"KOLO_TIMEOUT_SECONDS", Reader::topology, Kind::real},
-    {"KOLO_LOG_LEVEL", Reader::topology, Kind::name},
-    {"KOLO_LOG_LEVEL", Reader::log_level, Kind::name},
-    {"KOLO_TRANSPORT", Reader::transport, Kind::name},
-    {"KOLO_SHM_SLOT_BYTES", Reader::mesh, Kind::integer},
-    {"KOLO_SHM_SLOTS", Reader::mesh, Kind::integer},
-    {"KOLO_SPIN_US", Reader::mesh, Kind::real},
-    {"KOLO_SEGMENT_BYTES", Reader::communicator, Kind::integer},
-    {"KOLO_SMALL_ALLREDUCE_BYTES", Reader::communicator, Kind::integer},
-    {"KOLO_ALLREDUCE", Reader::communicator, Kind::rules},
-    {"KOLO_BROADCAST", Reader::communicator, Kind::rules},
-    {"KOLO_TUNING", Reader::communicator, Kind::name},
-    {"KOLO_FUSION_THRESHOLD", Reader::engine, Kind::integer},
-    {"KOLO_CYCLE_TIME_MS", Reader::engine, Kind::real},
-    {"KOLO_STALL_WARNING_SECONDS", Reader::engine, Kind::real},
-    {"KOLO_STALL_SHUTDOWN_SECONDS", Reader::engine, Kind::real},
-    {"KOLO_CACHE_CAPACITY", Reader::engine, Kind::integer},
-    {"KOLO_TIMELINE", Reader::engine, Kind::opaque},
-    {"KOLO_COMPRESSION", Reader::engine, Kind::name},
-    {"KOLO_COMPRESSION", Reader::compression, Kind::name},
-};
-
-// Values that are deliberately accepted, and why (docs/reliability.md repeats this list).
+// Values that are deliberately accepted, and why (docs/reliability.md repeats this list). An
+// empty value of a variable the table marks empty_is_unset is accepted too (it means unset).
 struct Accepted {
   const char* name;
   const char* value;  // nullptr: every swept value
@@ -153,18 +173,6 @@ struct Accepted {
 };
 
 const std::vector<Accepted> kAccepted = {
-    // Empty means unset: these variables have a meaningful "absent" and launchers (Spark,
-    // shell scripts) export them empty rather than not at all.
-    {"KOLO_ADDR", "", "empty = unset: derive the address from the route to the store"},
-    {"KOLO_HOST_KEY", "", "empty = unset: hostname + network namespace"},
-    {"KOLO_DEVICES", "", "empty = no devices (a CPU-only rank)"},
-    {"KOLO_TRANSPORT", "", "empty = unset: routed"},
-    {"KOLO_TUNING", "", "empty = unset: probe"},
-    {"KOLO_ALLREDUCE", "", "empty = unset: the Selector's cost model decides"},
-    {"KOLO_BROADCAST", "", "empty = unset: the Selector's cost model decides"},
-    {"KOLO_COMPRESSION", "", "empty = unset: none"},
-    {"KOLO_TIMELINE", "", "empty = unset: no timeline"},
-    {"KOLO_LOG_LEVEL", "", "empty = unset: warning"},
     // Free-form by design.
     {"KOLO_HOST_KEY", nullptr, "an opaque name: ranks with equal keys share memory"},
     {"KOLO_TIMELINE", nullptr,
@@ -174,28 +182,83 @@ const std::vector<Accepted> kAccepted = {
      "a host name: it is resolved by the ranks that connect to it (an unknown name fails there)"},
 };
 
-const Accepted* accepted(const std::string& name, const std::string& value) {
+const Accepted* accepted(const Var& v, const std::string& value) {
+  static const Accepted empty_unset{"", "", "empty = unset (the table's empty_is_unset)"};
+  if (value.empty() && v.empty_is_unset) return &empty_unset;
   for (const auto& a : kAccepted) {
-    if (name == a.name && (a.value == nullptr || value == a.value)) return &a;
+    if (v.name == a.name && (a.value == nullptr || value == a.value)) return &a;
   }
   return nullptr;
 }
 
 }  // namespace
 
+TEST_CASE("env sweep: the table declares each variable once, with a doc line and a sane range") {
+  std::set<std::string> names;
+  for (const Var* v : kolo::config::all_vars()) {
+    const std::string name(v->name);
+    CAPTURE(name);
+    CHECK(name.rfind("KOLO_", 0) == 0);
+    CHECK_MESSAGE(names.insert(name).second, "declared twice");
+    CHECK(!v->meaning.empty());
+    CHECK(kolo::config::find_var(name) == v);
+    if (v->kind == Kind::integer || v->kind == Kind::real || v->kind == Kind::flag ||
+        v->kind == Kind::fd) {
+      CHECK(v->min <= v->max);
+    }
+    if (v->kind == Kind::choice) CHECK(!v->choices.empty());
+  }
+  CHECK(names.size() >= 40);
+}
+
+// Every numeric variable, through the table's own reader: its declared range is enforced and
+// the error names the variable and the value, whoever reads it (GPU, MPI and torch included).
+TEST_CASE("env sweep: numeric variables reject bad values through the table's readers") {
+  int errors = 0;
+  for (const Var* v : kolo::config::all_vars()) {
+    if (v->kind != Kind::integer && v->kind != Kind::real && v->kind != Kind::flag) continue;
+    for (const std::string& value : bad_values(v->kind)) {
+      const std::string var_name(v->name);
+      CAPTURE(var_name);
+      CAPTURE(value);
+      Env env{{var_name, value}};
+      std::string outcome;
+      try {
+        if (v->kind == Kind::real) {
+          (void)kolo::config::get_real(lookup(env), *v);
+        } else {
+          (void)kolo::config::get_int(lookup(env), *v);
+        }
+        outcome = "accepted";
+      } catch (const kolo::ConfigError& e) {
+        outcome = e.what();
+      }
+      if (value == "-1" && v->min <= -1) continue;  // inside the declared range
+      if (value.empty() && v->empty_is_unset) continue;
+      REQUIRE_MESSAGE(outcome != "accepted", "bad value accepted");
+      ++errors;
+      CHECK(outcome.find(var_name) != std::string::npos);
+    }
+  }
+  CHECK(errors > 100);
+}
+
 TEST_CASE("env sweep: every KOLO_ variable rejects bad values with a ConfigError naming it") {
-  int errors = 0, accepted_values = 0;
-  for (const Var& v : kVars) {
+  int errors = 0, accepted_values = 0, swept = 0;
+  for (const Var* vp : kolo::config::all_vars()) {
+    const Var& v = *vp;
+    if (!read_with(v.reader, two_ranks())) continue;  // its reader is another suite's
+    ++swept;
     for (const std::string& value : bad_values(v.kind)) {
-      const std::string var_name = v.name;
+      const std::string var_name(v.name);
       CAPTURE(var_name);
       CAPTURE(value);
       Env env = two_ranks();
-      env[v.name] = value;
-      const Accepted* ok = accepted(v.name, value);
+      env[var_name] = value;
+      const Accepted* ok = accepted(v, value);
       std::string outcome;
       try {
-        read_with(v.reader, env);
+        (void)read_with(v.reader, env);
         outcome = "accepted";
       } catch (const kolo::ConfigError& e) {
         outcome = e.what();
@@ -210,21 +273,23 @@ TEST_CASE("env sweep: every KOLO_ variable rejects bad values with a ConfigError
       }
       REQUIRE_MESSAGE(outcome != "accepted", "bad value accepted");
       ++errors;
-      CHECK_MESSAGE(outcome.find(v.name) != std::string::npos,
+      CHECK_MESSAGE(outcome.find(var_name) != std::string::npos,
                     "does not name the variable: ", outcome);
-      if (std::string(v.name) == "KOLO_SECRET") {
+      if (var_name == "KOLO_SECRET") {
         // The secret is never echoed, not even a wrong one (it may be a real key, mistyped).
         if (value.size() >= 3) CHECK(outcome.find(value) == std::string::npos);
-      } else if (v.kind == Kind::peers) {
+      } else if (v.kind == Kind::host_ports) {
         // A list: the message shows the whole list, or the entry that is wrong.
-        CHECK_MESSAGE(outcome.find(std::string(v.name) + "=") != std::string::npos, outcome);
+        CHECK_MESSAGE(outcome.find(var_name + "=") != std::string::npos, outcome);
       } else if (!value.empty() && value != " ") {
         CHECK_MESSAGE(outcome.find(value) != std::string::npos,
                       "does not show the value: ", outcome);
       }
     }
   }
-  MESSAGE(errors << " bad values rejected, " << accepted_values << " deliberately accepted");
+  MESSAGE(swept << " variables swept: " << errors << " bad values rejected, " << accepted_values
+                << " deliberately accepted");
+  CHECK(swept >= 30);
   CHECK(errors > 250);
 }
 

@@ -38,6 +38,7 @@
 #include "kolo/algorithm/broadcast_binomial.hpp"
 #include "kolo/algorithm/options.hpp"
 #include "kolo/algorithm/selector.hpp"
+#include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/core/reduce.hpp"
@@ -69,8 +70,8 @@ struct TuningSource {
   }
 
   static std::optional<TuningSource> from_env(const EnvLookup& env = process_env()) {
-    const auto v = env("KOLO_TUNING");
-    if (!v || v->empty()) return std::nullopt;
+    const auto v = config::get_text(env, config::vars::tuning);
+    if (!v) return std::nullopt;
     return parse(*v);
   }
 };

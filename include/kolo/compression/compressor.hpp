@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 
+#include "kolo/core/config.hpp"
 #include "kolo/core/dtype.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
@@ -187,7 +188,7 @@ struct CompressionPolicy {
   }
 
   static CompressionPolicy from_env(const EnvLookup& env = process_env()) {
-    auto v = env("KOLO_COMPRESSION");
+    auto v = config::get_text(env, config::vars::compression);
     return v ? parse(*v) : CompressionPolicy{};
   }
 };

@@ -44,6 +44,7 @@
 
 #include "kolo/communicator.hpp"
 #include "kolo/compression/compressor.hpp"
+#include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/core/tensor.hpp"
@@ -66,20 +67,20 @@ struct EngineOptions {
 
   static EngineOptions from_env(const EnvLookup& env = process_env()) {
     EngineOptions o;
-    if (auto v = env_int(env, "KOLO_FUSION_THRESHOLD", 0, 1ll << 40)) {
+    if (auto v = config::get_int(env, config::vars::fusion_threshold)) {
       o.fusion_threshold = static_cast<std::size_t>(*v);
     }
-    if (auto v = env_double(env, "KOLO_CYCLE_TIME_MS", 0.0, 10000.0)) o.cycle_time_ms = *v;
-    if (auto v = env_double(env, "KOLO_STALL_WARNING_SECONDS", 0.0, 1e7)) {
+    if (auto v = config::get_real(env, config::vars::cycle_time_ms)) o.cycle_time_ms = *v;
+    if (auto v = config::get_real(env, config::vars::stall_warning_seconds)) {
       o.stall_warning_seconds = *v;
     }
-    if (auto v = env_double(env, "KOLO_STALL_SHUTDOWN_SECONDS", 0.0, 1e7)) {
+    if (auto v = config::get_real(env, config::vars::stall_shutdown_seconds)) {
       o.stall_shutdown_seconds = *v;
     }
-    if (auto v = env_int(env, "KOLO_CACHE_CAPACITY", 0, 1 << 24)) {
+    if (auto v = config::get_int(env, config::vars::cache_capacity)) {
       o.cache_capacity = static_cast<std::size_t>(*v);
     }
-    if (auto v = env("KOLO_TIMELINE"); v && !v->empty()) o.timeline = *v;
+    if (auto v = config::get_text(env, config::vars::timeline)) o.timeline = *v;
     o.compression = CompressionPolicy::from_env(env);
     return o;
   }

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/net/socket.hpp"
@@ -67,11 +68,11 @@ struct Topology {
 
   static Topology from_env(const EnvLookup& env) {
     Topology t;
-    // First name present wins; remember which one so errors name what the user set.
-    auto first = [&](std::initializer_list<const char*> names)
-        -> std::optional<std::pair<std::string, std::string>> {
-      for (const char* n : names) {
-        if (auto v = env(n)) return std::make_pair(std::string(n), *v);
+    // The KOLO_ name, else its first alias present (the aliases are the table's:
+    // core/config.hpp); remember which one so errors name what the user set.
+    auto first = [&](const config::Var& var) -> std::optional<std::pair<std::string, std::string>> {
+      for (const std::string& n : config::names_of(var)) {
+        if (auto v = env(n)) return std::make_pair(n, *v);
       }
       return std::nullopt;
     };
@@ -79,10 +80,8 @@ struct Topology {
       return parse_env_int(v->first, v->second);
     };
 
-    const auto size =
-        first({"KOLO_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE"});
-    const auto rank =
-        first({"KOLO_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK"});
+    const auto size = first(config::vars::size);
+    const auto rank = first(config::vars::rank);
     if (!size && !rank) {
       // No launcher at all: one process on its own, as an MPI singleton or hvd.init() without
       // horovodrun (every launcher exports a size). Collectives are then copies.
@@ -106,9 +105,9 @@ struct Topology {
     }
     const long long sz = int_of(size);
     const long long rk = int_of(rank);
-    if (sz < 1 || sz > (1 << 20)) {
+    if (sz < 1 || sz > static_cast<long long>(config::vars::size.max)) {
       throw ConfigError(size->first + "=" + size->second + " must be in 1.." +
-                        std::to_string(1 << 20));
+                        std::to_string(static_cast<long long>(config::vars::size.max)));
     }
     if (rk < 0) throw ConfigError(rank->first + "=" + rank->second + " is negative");
     if (rk >= sz) {
@@ -118,10 +117,9 @@ struct Topology {
     t.size = static_cast<int>(sz);
     t.rank = static_cast<int>(rk);
 
-    auto pair_of = [&](std::initializer_list<const char*> idx_names,
-                       std::initializer_list<const char*> cnt_names, int& idx, int& cnt) {
-      const auto i = first(idx_names);
-      const auto c = first(cnt_names);
+    auto pair_of = [&](const config::Var& idx_var, const config::Var& cnt_var, int& idx, int& cnt) {
+      const auto i = first(idx_var);
+      const auto c = first(cnt_var);
       if (!i && !c) return;
       if (c) {
         const long long n = int_of(c);
@@ -146,19 +144,15 @@ struct Topology {
         idx = static_cast<int>(k);
       }
     };
-    pair_of(
-        {"KOLO_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_RANK"},
-        {"KOLO_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE"},
-        t.local_rank, t.local_size);
-    pair_of({"KOLO_CROSS_RANK", "HOROVOD_CROSS_RANK", "GROUP_RANK"},
-            {"KOLO_CROSS_SIZE", "HOROVOD_CROSS_SIZE"}, t.cross_rank, t.cross_size);
+    pair_of(config::vars::local_rank, config::vars::local_size, t.local_rank, t.local_size);
+    pair_of(config::vars::cross_rank, config::vars::cross_size, t.cross_rank, t.cross_size);
 
     // Rendezvous.
-    if (auto s = env("KOLO_STORE")) {
+    if (auto s = config::get_text(env, config::vars::store)) {
       t.store = net::parse_host_port(*s, "KOLO_STORE");
       t.host_store = false;  // the launcher hosts it
     }
-    if (auto p = env("KOLO_PEERS")) {
+    if (auto p = config::get_text(env, config::vars::peers)) {
       std::string_view rest = *p;
       while (!rest.empty()) {
         const auto comma = rest.find(',');
@@ -200,7 +194,7 @@ struct Topology {
       throw ConfigError("KOLO_STORE is not set (nor KOLO_PEERS, MASTER_ADDR/MASTER_PORT): " +
                         std::to_string(sz) + " ranks need a rendezvous address");
     }
-    if (auto fd = env_int(env, "KOLO_LISTEN_FD", 0, 1 << 20)) {
+    if (auto fd = config::get_int(env, config::vars::listen_fd)) {
       struct stat st {};
       if (::fstat(static_cast<int>(*fd), &st) != 0 || !S_ISSOCK(st.st_mode)) {
         throw ConfigError("KOLO_LISTEN_FD=" + std::to_string(*fd) +
@@ -209,17 +203,7 @@ struct Topology {
       t.listen_fd = static_cast<int>(*fd);
     }
 
-    if (auto s = env("KOLO_SECRET")) {
-      t.secret = *s;
-      if (t.secret.size() < 8 && sz > 1) {
-        throw ConfigError("KOLO_SECRET is too short (" + std::to_string(t.secret.size()) +
-                          " characters; use at least 8, e.g. 32 random hex digits)");
-      }
-    } else if (sz > 1) {
-      throw ConfigError(
-          "KOLO_SECRET is not set: every TCP connection of a multi-rank job must prove the job "
-          "secret (kolo-run and the Spark backend generate one; set it yourself otherwise)");
-    }
+    t.secret = read_secret(env, t.size, /*required=*/true);
 
     read_knobs(t, env);
     return t;
@@ -237,21 +221,37 @@ struct Topology {
     Topology t;
     t.rank = rank;
     t.size = size;
-    if (auto s = env("KOLO_SECRET"); s && !s->empty()) {
-      if (s->size() < 8 && size > 1) {
-        throw ConfigError("KOLO_SECRET is too short (" + std::to_string(s->size()) +
-                          " characters; use at least 8, e.g. 32 random hex digits)");
-      }
-      t.secret = *s;
-    }
+    // Optional here: without it, rank 0 draws one and passes it through the framework's store.
+    t.secret = read_secret(env, size, /*required=*/false);
     read_knobs(t, env);
     return t;
   }
 
  private:
+  // KOLO_SECRET, never echoed in an error. `required`: a multi-rank job from the environment
+  // must have one; a framework's store (for_rank) lets rank 0 draw it instead, so there an
+  // empty value means unset.
+  static std::string read_secret(const EnvLookup& env, int size, bool required) {
+    auto s = config::get_text(env, config::vars::secret);
+    if (s && s->empty() && !required) s.reset();
+    if (!s) {
+      if (required && size > 1) {
+        throw ConfigError(
+            "KOLO_SECRET is not set: every TCP connection of a multi-rank job must prove the job "
+            "secret (kolo-run and the Spark backend generate one; set it yourself otherwise)");
+      }
+      return {};
+    }
+    if (s->size() < 8 && size > 1) {
+      throw ConfigError("KOLO_SECRET is too short (" + std::to_string(s->size()) +
+                        " characters; use at least 8, e.g. 32 random hex digits)");
+    }
+    return *s;
+  }
+
   // The knobs every way of building a topology reads the same way.
   static void read_knobs(Topology& t, const EnvLookup& env) {
-    if (auto d = env("KOLO_DEVICES")) {
+    if (auto d = config::get_text(env, config::vars::devices)) {
       std::string_view rest = *d;
       while (!rest.empty()) {
         const auto comma = rest.find(',');
@@ -259,7 +259,7 @@ struct Topology {
         if (!item.empty()) {
           const long long id = parse_env_int("KOLO_DEVICES", item);
           if (id < 0) throw ConfigError("KOLO_DEVICES=" + *d + " has a negative device id");
-          if (id > std::numeric_limits<int>::max()) {
+          if (id > static_cast<long long>(config::vars::devices.max)) {
             throw ConfigError("KOLO_DEVICES=" + *d + " has a device id out of range");
           }
           t.devices.push_back(static_cast<int>(id));
@@ -268,8 +268,8 @@ struct Topology {
         rest.remove_prefix(comma + 1);
       }
     }
-    if (auto to = env_double(env, "KOLO_TIMEOUT_SECONDS", 0.001, 1.0e6)) t.timeout_seconds = *to;
-    if (auto a = env("KOLO_ADDR"); a && !a->empty()) {
+    if (auto to = config::get_real(env, config::vars::timeout_seconds)) t.timeout_seconds = *to;
+    if (auto a = config::get_text(env, config::vars::addr)) {
       if (!net::valid_host(*a)) {
         throw ConfigError("KOLO_ADDR=" + *a +
                           " is neither an IP address nor a host name (the address other ranks "
@@ -280,7 +280,7 @@ struct Topology {
       t.advertise_ip = t.peers[static_cast<std::size_t>(t.rank)].host;
     }
     t.log_level = log_level_from_env(env);
-    if (auto hk = env("KOLO_HOST_KEY"); hk && !hk->empty()) {
+    if (auto hk = config::get_text(env, config::vars::host_key)) {
       t.host_key = *hk;
     } else {
       t.host_key = default_host_key();

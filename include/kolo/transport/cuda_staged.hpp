@@ -30,6 +30,7 @@
 #include "kolo/algorithm/ring_allgather.hpp"
 #include "kolo/algorithm/ring_allreduce.hpp"
 #include "kolo/algorithm/ring_reduce_scatter.hpp"
+#include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/cuda/device_ops.hpp"
@@ -111,10 +112,10 @@ struct CudaOptions {
 
   static CudaOptions from_env(const EnvLookup& env = process_env()) {
     CudaOptions o;
-    if (auto v = env_int(env, "KOLO_CUDA_DEVICE", -1, 1023)) o.device = static_cast<int>(*v);
-    if (auto v = env_int(env, "KOLO_NCCL", 0, 1)) o.nccl = *v != 0;
-    if (auto v = env_int(env, "KOLO_CUDA_SPIN_US", 0, 10000000)) o.spin_us = static_cast<int>(*v);
-    if (auto v = env_int(env, "KOLO_NCCL_HIERARCHICAL", 0, 1)) o.hierarchical = *v != 0;
+    if (auto v = config::get_int(env, config::vars::cuda_device)) o.device = static_cast<int>(*v);
+    if (auto v = config::get_flag(env, config::vars::nccl)) o.nccl = *v;
+    if (auto v = config::get_int(env, config::vars::cuda_spin_us)) o.spin_us = static_cast<int>(*v);
+    if (auto v = config::get_flag(env, config::vars::nccl_hierarchical)) o.hierarchical = *v;
     return o;
   }
 };

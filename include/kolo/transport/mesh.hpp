@@ -49,6 +49,7 @@
 #include <thread>
 #include <vector>
 
+#include "kolo/core/config.hpp"
 #include "kolo/core/deadline.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
@@ -75,12 +76,12 @@ struct MeshOptions {
 
   static MeshOptions from_env(const EnvLookup& env = process_env()) {
     MeshOptions o;
-    if (auto v = env_int(env, "KOLO_SHM_SLOT_BYTES", 4096, 64ll << 20)) {
+    if (auto v = config::get_int(env, config::vars::shm_slot_bytes)) {
       o.shm_slot_bytes = static_cast<std::size_t>(*v) & ~std::size_t{63};
     }
-    if (auto v = env_int(env, "KOLO_SHM_SLOTS", 2, 1024))
+    if (auto v = config::get_int(env, config::vars::shm_slots))
       o.shm_slots = static_cast<std::size_t>(*v);
-    if (auto v = env_double(env, "KOLO_SPIN_US", 0, 1e6)) o.spin_us = *v;
+    if (auto v = config::get_real(env, config::vars::spin_us)) o.spin_us = *v;
     return o;
   }
 };

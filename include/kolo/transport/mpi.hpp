@@ -89,6 +89,7 @@
 #include <vector>
 
 #include "kolo/algorithm/options.hpp"
+#include "kolo/core/config.hpp"
 #include "kolo/core/deadline.hpp"
 #include "kolo/core/dtype.hpp"
 #include "kolo/core/env.hpp"
@@ -114,13 +115,13 @@ struct MpiOptions {
 
   static MpiOptions from_env(const EnvLookup& env = process_env()) {
     MpiOptions o;
-    if (auto v = env_double(env, "KOLO_TIMEOUT_SECONDS", 0.001, 1.0e6)) o.timeout_seconds = *v;
-    if (auto v = env_double(env, "KOLO_SPIN_US", 0, 1e6)) o.spin_us = *v;
-    if (auto v = env_int(env, "KOLO_MPI_INLINE_BYTES", 0, 1 << 20)) {
+    if (auto v = config::get_real(env, config::vars::timeout_seconds)) o.timeout_seconds = *v;
+    if (auto v = config::get_real(env, config::vars::spin_us)) o.spin_us = *v;
+    if (auto v = config::get_int(env, config::vars::mpi_inline_bytes)) {
       o.inline_bytes = static_cast<std::size_t>(*v);
     }
-    if (auto v = env_int(env, "KOLO_MPI_CHECK_SIGNATURES", 0, 1)) o.check_signatures = *v != 0;
-    if (auto v = env_int(env, "KOLO_MPI_NATIVE_BLOCKING", 0, 1)) o.native_blocking = *v != 0;
+    if (auto v = config::get_flag(env, config::vars::mpi_check_signatures)) o.check_signatures = *v;
+    if (auto v = config::get_flag(env, config::vars::mpi_native_blocking)) o.native_blocking = *v;
     return o;
   }
 };
