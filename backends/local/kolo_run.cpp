@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -649,9 +650,11 @@ std::string describe_signal(int sig) {
 //     its own stderr goes to /dev/null by then (the program gets the real one, fd 4, inside a
 //     subshell, so that dash's "Killed" / "Terminated" notes, written to the stderr in effect
 //     around the command, do not mix with the rank's output).
-// The watcher ignores TERM and HUP (sh ignores INT in background commands), so a forwarded
-// signal does not end the channel.
+// Its first line on stdout, kStartedMarker, tells kolo-run that the ssh session is up (kolo-run
+// removes it from the output). The watcher ignores TERM and HUP (sh ignores INT in background
+// commands), so a forwarded signal does not end the channel.
 constexpr const char* kRemotePrologue =
+    "echo kolo-run-remote-prologue-started; "
     "IFS= read -r kolo_job || { echo \"kolo-run: no job description on stdin\" >&2; exit 1; }; "
     "eval \"$kolo_job\"; "
     "if [ -z \"${KOLO_STORE:-}\" ]; then kolo_c=${SSH_CONNECTION%% *}; "
@@ -675,6 +678,13 @@ constexpr const char* kRemotePrologue =
     ">/dev/null 2>&1 4>&- & "
     "exec 3<&-; "
     "(exec \"$@\" 2>&4 4>&-); kolo_rc=$?; exit \"$kolo_rc\"";
+
+constexpr std::string_view kStartedMarker = "kolo-run-remote-prologue-started";
+
+// sshd refuses some of the connections that arrive while 10 others are still authenticating
+// (its default MaxStartups 10:30:100), so kolo-run keeps at most this many ssh ranks per host
+// between "ssh started" and "the remote prologue runs"; the others wait their turn.
+constexpr int kMaxStartingPerHost = 8;
 
 // `s` as one word for a POSIX shell: single quotes, a ' inside as '\''.
 std::string sh_quote(const std::string& s) {
@@ -715,7 +725,9 @@ struct Rank {
   std::string host;  // the -H name
   int out_fd = -1;
   int err_fd = -1;
-  int ctl_fd = -1;  // ssh ranks: the write end of ssh's stdin (job line, then control lines)
+  int ctl_fd = -1;        // ssh ranks: the write end of ssh's stdin (job line, then control lines)
+  bool starting = false;  // ssh ranks: started, the remote prologue not heard from yet
+  std::string before_start;  // ssh ranks: stdout before kStartedMarker (login-script output)
   std::unique_ptr<LineRelay> out;
   std::unique_ptr<LineRelay> err;
 };
@@ -741,7 +753,9 @@ class Job {
     resolve_paths();
     start_store();
     prepare_env();
-    for (int r = 0; r < o_.np; ++r) spawn(r);
+    ranks_.reserve(static_cast<std::size_t>(o_.np));  // the poll loop holds Rank pointers
+    for (int r = 0; r < o_.np; ++r) unspawned_.push_back(r);
+    spawn_ready();
     if (o_.timeout) timeout_deadline_ = kolo::Deadline::after(*o_.timeout);
     loop();
     store_->stop();
@@ -1078,6 +1092,7 @@ class Job {
     rank.out_fd = out[0];
     rank.err_fd = err[0];
     rank.ctl_fd = ctl[1];
+    rank.starting = ssh;
     const std::string prefix = o_.prefix ? "[" + std::to_string(r) + "] " : std::string();
     rank.out = std::make_unique<LineRelay>(&g_stdout, prefix);
     rank.err = std::make_unique<LineRelay>(&g_stderr, prefix);
@@ -1104,7 +1119,8 @@ class Job {
   void loop() {
     std::vector<pollfd> fds;
     std::vector<std::pair<Rank*, bool>> owners;  // per fds entry after the signalfd: rank, is_err
-    while (std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.alive; })) {
+    while (!unspawned_.empty() ||
+           std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.alive; })) {
       fds.clear();
       owners.clear();
       fds.push_back({sigfd_, POLLIN, 0});
@@ -1130,6 +1146,7 @@ class Job {
       }
       reap();  // also without SIGCHLD: signalfd merges signals, reaping is idempotent
       check_deadlines();
+      spawn_ready();
     }
     // Every rank is gone: what they wrote is already in the pipes. Anything a leftover
     // grandchild writes later is not waited for (it could hold the pipe open for ever).
@@ -1156,16 +1173,83 @@ class Job {
     for (int n = 0; fd >= 0 && n < max_reads; ++n) {
       const ssize_t k = ::read(fd, buf, sizeof(buf));
       if (k > 0) {
-        relay.feed(buf, static_cast<std::size_t>(k));
+        if (!is_err && r.starting) {
+          feed_before_start(r, buf, static_cast<std::size_t>(k));
+        } else {
+          relay.feed(buf, static_cast<std::size_t>(k));
+        }
         continue;
       }
       if (k < 0 && errno == EINTR) continue;
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      if (!is_err && r.starting) {  // the session ended before the prologue spoke
+        r.starting = false;
+        relay.feed(r.before_start.data(), r.before_start.size());
+        r.before_start.clear();
+      }
       relay.finish();  // EOF (or a broken pipe): flush a partial last line
       close_fd(fd);
       return false;
     }
     return fd >= 0;
+  }
+
+  // An ssh rank's stdout until the prologue's marker line: lines before it (a login script's)
+  // pass on; the marker is dropped and ends the rank's "starting" state.
+  void feed_before_start(Rank& r, const char* data, std::size_t n) {
+    std::string& b = r.before_start;
+    b.append(data, n);
+    std::size_t start = 0;
+    for (;;) {
+      const std::size_t nl = b.find('\n', start);
+      if (nl == std::string::npos) break;
+      const std::string_view line(b.data() + start, nl - start);
+      start = nl + 1;
+      if (line.size() >= kStartedMarker.size() &&
+          line.substr(line.size() - kStartedMarker.size()) == kStartedMarker) {
+        // A login script's last words without a newline share the marker's line.
+        std::string before(line.substr(0, line.size() - kStartedMarker.size()));
+        if (!before.empty()) r.out->feed((before + "\n").data(), before.size() + 1);
+        r.starting = false;
+        const std::string rest = b.substr(start);
+        b.clear();
+        if (!rest.empty()) r.out->feed(rest.data(), rest.size());
+        return;
+      }
+      r.out->feed(b.data() + (start - line.size() - 1), line.size() + 1);
+    }
+    b.erase(0, start);
+    if (b.size() > kMaxLine) {  // no line end for this long: not the marker's line
+      r.out->feed(b.data(), b.size());
+      b.clear();
+    }
+  }
+
+  // Starts the ranks not started yet, in rank order, as far as kMaxStartingPerHost allows; once
+  // the job is being torn down, the rest never start.
+  void spawn_ready() {
+    if (unspawned_.empty()) return;
+    if (phase_ != Phase::running) {
+      unspawned_.clear();
+      return;
+    }
+    std::map<std::string, int> starting;
+    for (const auto& r : ranks_) {
+      if (r.alive && r.starting) ++starting[r.host];
+    }
+    std::vector<int> later;
+    for (const int idx : unspawned_) {
+      const RankPlan& p = plan_[static_cast<std::size_t>(idx)];
+      if (p.kind == HostKind::ssh) {
+        if (starting[p.host_key] >= kMaxStartingPerHost) {
+          later.push_back(idx);
+          continue;
+        }
+        ++starting[p.host_key];
+      }
+      spawn(idx);
+    }
+    unspawned_ = std::move(later);
   }
 
   // Takes what a rank left in its pipes, bounded so a chatty grandchild cannot stall us.
@@ -1359,7 +1443,8 @@ class Job {
   std::vector<std::string> ssh_env_;    // NAME=VALUE passed to ssh ranks besides the contract
   std::vector<std::string> ssh_words_;  // the ssh command and its options (with kolo-run's)
   std::string wdir_;                    // ssh ranks start in this directory when it exists there
-  std::vector<Rank> ranks_;
+  std::vector<Rank> ranks_;             // in start order; reserved for np (pointers stay valid)
+  std::vector<int> unspawned_;          // ranks waiting for their turn to start (ssh hosts)
   int devnull_ = -1;
   int rank0_stdin_ = STDIN_FILENO;
   int sigfd_ = -1;

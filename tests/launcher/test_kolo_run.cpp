@@ -531,6 +531,7 @@ TEST_CASE("ranks on a remote-shell host get the contract through stdin, never in
   // (they carry the marker), and none has the secret in its argument list.
   CHECK(cmdlines_with(marker).size() >= 1 + 3 + 3);
   CHECK(cmdlines_with(secret).empty());
+  CHECK_FALSE(contains(k.out(), "kolo-run-remote-prologue-started"));
   for (int rank = 0; rank < 3; ++rank) {
     const auto& v = ranks.at(rank);
     CHECK(v.at("KOLO_RANK") == std::to_string(rank));
@@ -561,6 +562,24 @@ TEST_CASE("ranks on a remote-shell host get the contract through stdin, never in
   }
   CHECK_MESSAGE(left.empty(), "left: ", left.size(),
                 " process(es), first: ", left.empty() ? "" : left[0]);
+}
+
+TEST_CASE("remote-shell ranks: login output passes, the start marker does not, 12 on one host") {
+  // A login script that prints before the command runs; 12 ranks on one host start 8 at a
+  // time (sshd's MaxStartups), the later ones when earlier ones' prologues have spoken.
+  const std::string chatty = "sh -c 'shift; echo login-banner; exec sh -c \"$1\"' chatty-rsh";
+  const Result r = run({"-np", "12", "-H", "far-a:12", "--ssh", chatty, "--store-host", "127.0.0.1",
+                        kProbe, "store", "line", "done"});
+  INFO("stdout:\n" << r.out << "stderr:\n" << r.err);
+  CHECK(r.code == 0);
+  for (int rank = 0; rank < 12; ++rank) {
+    const std::string p = "[" + std::to_string(rank) + "] ";
+    CHECK(contains(r.out, p + "login-banner\n"));
+    CHECK(contains(r.out, p + "store ok\n"));
+    CHECK(contains(r.out, p + "done\n"));
+  }
+  CHECK_FALSE(contains(r.out, "kolo-run-remote-prologue-started"));
+  CHECK(lines_of(r.out).size() == 36);
 }
 
 TEST_CASE("a remote rank that fails ends every rank and the helpers they started") {

@@ -19,7 +19,9 @@
 #   4. one remote rank SIGKILLed: exit 137, kolo-run names it, the other ranks on both hosts and
 #      the helper processes they started are gone;
 #   5. kolo-run itself SIGKILLed (its ssh connections drop): every remote rank and helper is gone;
-#   6. a program missing on the hosts (127) and a host whose sshd does not answer (255).
+#   6. a program missing on the hosts (127) and a host whose sshd does not answer (255);
+#   7. 16 ranks on one host, whose sshd has the default MaxStartups (10:30:100, which drops
+#      some connections beyond 10 unauthenticated ones): all start, the store sees all 12.
 # "No process left" means: no process whose command line holds the run's unique marker.
 #
 # Needs root (namespaces, sshd) and /usr/sbin/sshd. Outside CI a missing prerequisite skips the
@@ -108,7 +110,6 @@ UsePAM no
 StrictModes no
 X11Forwarding no
 PrintMotd no
-MaxStartups 64
 EOF
   /usr/sbin/sshd -t -f "$work/sshd$i.conf"
   ip netns exec "$prefix-h$i" /usr/sbin/sshd -f "$work/sshd$i.conf" -E "$work/sshd$i.log"
@@ -343,6 +344,17 @@ show "$work/6b.err"
 expect_in "$work/6b.err" "Connection refused" "6: ssh's own message is relayed"
 expect_in "$work/6b.err" "kolo-run: rank 0 on $h1 exited with code 255 (ssh's code for its own failures" "6: kolo-run explains 255"
 expect_none_left "$m" "6"
+
+# --- 7. more ranks on one host than sshd takes connections at once ---
+m="$marker_base-7"
+rc=0
+"$kolo_run" -np 16 -H "$h1:16" --ssh "$ssh_cmd" --timeout 120 "$probe" store line "$m" \
+  >"$work/7.out" 2>"$work/7.err" || rc=$?
+show "$work/7.err"
+[[ $rc == 0 ]] && ok "7: 16 ranks on one host exit 0" || fail "7: exit code $rc"
+n=$(grep -c '^\[[0-9]*\] store ok$' "$work/7.out" || true)
+((n == 16)) && ok "7: all 16 met at the store" || fail "7: $n of 16 ranks met at the store"
+expect_none_left "$m" "7"
 
 if ((failures > 0)); then
   echo "ssh_hosts: $failures check(s) FAILED" >&2
