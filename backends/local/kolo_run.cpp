@@ -88,8 +88,8 @@ constexpr const char* kUsage =
     "                            ssh connection came from)\n"
     "  --ssh COMMAND             the ssh command for remote hosts, split into words like a shell\n"
     "                            would (e.g. \"ssh -p 2222 -i ~/.ssh/id_cluster\"); default: the\n"
-    "                            KOLO_RUN_SSH environment variable, else \"ssh\". kolo-run adds\n"
-    "                            -T -o BatchMode=yes -o ConnectTimeout=30 after it\n"
+    "                            KOLO_RUN_SSH environment variable, else \"ssh\". To ssh, kolo-run\n"
+    "                            adds -T -o BatchMode=yes -o ConnectTimeout=30 (yours win)\n"
     "  -x NAME[=VALUE]           NAME=VALUE: set NAME for every rank; NAME: also pass this\n"
     "                            environment's NAME to ssh ranks (repeatable). ssh ranks get\n"
     "                            every KOLO_* variable of this environment by themselves\n"
@@ -101,7 +101,8 @@ constexpr const char* kUsage =
     "\n"
     "exit status: 0 when every rank succeeded; otherwise the first failing rank's exit code\n"
     "(128+S if it died of signal S); 124 after --timeout; 127 if the program is not found,\n"
-    "126 if it cannot be executed; 2 for bad arguments.\n";
+    "126 if it cannot be executed (on an ssh host: that rank's code); 255 when ssh itself\n"
+    "failed for a rank; 2 for bad arguments.\n";
 
 // ---------------------------------------------------------------------------------------------
 // Writing to kolo-run's own stdout/stderr.
