@@ -3,8 +3,10 @@
 # missing (apt-get update at most once). Sourced by tests/run.sh and examples/run_demo.sh.
 #
 #   install_deps PACKAGE...     (defaults to everything the build and the tests use)
+# openssh-server: the kolo-run-over-ssh test (tests/netns/ssh_hosts.sh) starts real sshds; it
+# brings openssh-client (ssh, ssh-keygen), which the launcher tests use too.
 KOLO_ALL_PACKAGES=(cmake ninja-build g++ libssl-dev doctest-dev libopenmpi-dev openmpi-bin libgloo-dev
-  libbenchmark-dev iproute2 clang-format clang libclang-rt-dev)
+  libbenchmark-dev iproute2 clang-format clang libclang-rt-dev openssh-server)
 
 install_deps() {
   local packages=("$@")

@@ -1,10 +1,15 @@
-// kolo-run — the local launcher: `kolo-run -np N [-H host:slots,...] prog args...`.
+// kolo-run — the launcher: `kolo-run -np N [-H host:slots,...] prog args...`.
 //
-// It does for kolo what mpirun/horovodrun do for MPI/Horovod, on one machine:
+// It does for kolo what mpirun/horovodrun do for MPI/Horovod:
 //   * hosts the rendezvous store in-process, with a fresh secret per job;
 //   * starts N ranks, each with the environment contract of docs/environment.md (KOLO_RANK, ...);
 //   * ranks on "hosts" that are network namespaces (the multi-host tests) go through
 //     `ip netns exec`, so one machine can stand in for several;
+//   * ranks on other machines go through ssh: one ssh per rank, the job's description (the
+//     secret included) written to ssh's stdin and read by a small POSIX sh prologue on the remote
+//     side, so no argument list ever holds the secret. The rest of that stdin is a control
+//     channel: a line "INT"/"TERM"/"HUP" forwards that signal to the remote rank's process
+//     group, and end-of-file (kolo-run gone, ssh killed, connection dropped) SIGKILLs it;
 //   * prefixes every output line with "[rank] " and never mixes two ranks inside one line;
 //   * when one rank fails, gives the others a grace period to report their own errors (e.g. a
 //     PeerLostError naming the dead rank), then SIGTERM, then SIGKILL: a job never hangs.
@@ -13,6 +18,8 @@
 // (--timeout, grace, kill) are poll timeouts, so kolo-run sleeps while the ranks work.
 
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -23,12 +30,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -68,11 +77,22 @@ constexpr const char* kUsage =
     "options:\n"
     "  -np, -n, --np N           number of ranks (required, at least 1)\n"
     "  -H, --hosts H:S[,H:S...]  hosts and their slot counts; ranks fill the hosts in order.\n"
-    "                            A host is this machine (localhost, 127.0.0.1, its hostname) or\n"
-    "                            a network namespace listed in /var/run/netns.\n"
+    "                            A host is this machine (localhost, 127.0.0.1, its hostname or\n"
+    "                            one of its addresses), a network namespace listed in\n"
+    "                            /var/run/netns, or else a machine reached with ssh "
+    "([user@]host).\n"
     "                            Default: all ranks on this machine.\n"
     "  --store-host ADDR         address the ranks use to reach the store (required when a rank\n"
-    "                            runs in a network namespace)\n"
+    "                            runs in a network namespace, or when ranks run both on this\n"
+    "                            machine and over ssh; ssh ranks otherwise use the address their\n"
+    "                            ssh connection came from)\n"
+    "  --ssh COMMAND             the ssh command for remote hosts, split into words like a shell\n"
+    "                            would (e.g. \"ssh -p 2222 -i ~/.ssh/id_cluster\"); default: the\n"
+    "                            KOLO_RUN_SSH environment variable, else \"ssh\". To ssh, kolo-run\n"
+    "                            adds -T -o BatchMode=yes -o ConnectTimeout=30 (yours win)\n"
+    "  -x NAME[=VALUE]           NAME=VALUE: set NAME for every rank; NAME: also pass this\n"
+    "                            environment's NAME to ssh ranks (repeatable). ssh ranks get\n"
+    "                            every KOLO_* variable of this environment by themselves\n"
     "  --timeout SECONDS         kill all ranks and exit 124 if the job runs longer\n"
     "  --grace SECONDS           after a rank fails, how long the others may take to exit\n"
     "                            before SIGTERM (default 3); SIGKILL follows 2 s later\n"
@@ -81,7 +101,8 @@ constexpr const char* kUsage =
     "\n"
     "exit status: 0 when every rank succeeded; otherwise the first failing rank's exit code\n"
     "(128+S if it died of signal S); 124 after --timeout; 127 if the program is not found,\n"
-    "126 if it cannot be executed; 2 for bad arguments.\n";
+    "126 if it cannot be executed (on an ssh host: that rank's code); 255 when ssh itself\n"
+    "failed for a rank; 2 for bad arguments.\n";
 
 // ---------------------------------------------------------------------------------------------
 // Writing to kolo-run's own stdout/stderr.
@@ -199,6 +220,8 @@ struct Options {
   std::string grace_text = "3";
   bool prefix = true;
   bool help = false;
+  std::optional<std::string> ssh;    // --ssh, as written
+  std::vector<std::string> exports;  // -x NAME or NAME=VALUE, in order
   std::vector<std::string> command;
 };
 
@@ -216,6 +239,61 @@ std::optional<double> parse_seconds(const std::string& s) {
   const double v = std::strtod(s.c_str(), &end);
   if (errno != 0 || end != s.c_str() + s.size() || !std::isfinite(v)) return std::nullopt;
   return v;
+}
+
+// The variables kolo-run sets per rank (they replace inherited ones), and those it drops
+// because they describe the job kolo-run itself may be part of (a stale fd number, another
+// job's peers) and would mislead the ranks.
+const std::set<std::string>& contract_variables() {
+  static const std::set<std::string> names = {
+      "KOLO_RANK",       "KOLO_SIZE",       "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE",
+      "KOLO_CROSS_RANK", "KOLO_CROSS_SIZE", "KOLO_STORE",      "KOLO_SECRET",
+      "KOLO_HOST_KEY",   "KOLO_PEERS",      "KOLO_LISTEN_FD"};
+  return names;
+}
+
+bool is_contract_variable(const std::string& name) {
+  return contract_variables().count(name) != 0;
+}
+
+// Splits an ssh command line into words as a POSIX shell would, without expansions: blanks
+// separate words; '...' keeps everything literally; "..." keeps everything but \" and \\; a
+// backslash outside quotes takes the next character literally.
+std::vector<std::string> split_words(const std::string& line, const std::string& what) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == ' ' || c == '\t' || c == '\n') {
+      if (in_word) words.push_back(std::move(word));
+      word.clear();
+      in_word = false;
+      continue;
+    }
+    in_word = true;
+    if (c == '\'') {
+      const auto end = line.find('\'', i + 1);
+      if (end == std::string::npos) throw UsageError(what + " has an unterminated ' quote");
+      word.append(line, i + 1, end - i - 1);
+      i = end;
+    } else if (c == '"') {
+      for (++i;; ++i) {
+        if (i >= line.size()) throw UsageError(what + " has an unterminated \" quote");
+        if (line[i] == '"') break;
+        if (line[i] == '\\' && i + 1 < line.size() && (line[i + 1] == '"' || line[i + 1] == '\\')) {
+          ++i;
+        }
+        word += line[i];
+      }
+    } else if (c == '\\' && i + 1 < line.size()) {
+      word += line[++i];
+    } else {
+      word += c;
+    }
+  }
+  if (in_word) words.push_back(std::move(word));
+  return words;
 }
 
 std::vector<HostSpec> parse_hosts(const std::string& value) {
@@ -303,6 +381,10 @@ Options parse_args(int argc, char** argv) {
       if (!g || *g < 0) throw UsageError("--grace '" + v + "' is not a number of seconds >= 0");
       o.grace = *g;
       o.grace_text = v;
+    } else if (name == "--ssh") {
+      o.ssh = value();
+    } else if (name == "-x") {
+      o.exports.push_back(value());
     } else if (name == "--no-prefix") {
       if (inline_value) throw UsageError("option --no-prefix takes no value");
       o.prefix = false;
@@ -312,6 +394,17 @@ Options parse_args(int argc, char** argv) {
   }
   for (; i < argc; ++i) o.command.emplace_back(argv[i]);
 
+  for (const auto& x : o.exports) {
+    const std::string name = x.substr(0, x.find('='));
+    const bool ok =
+        !name.empty() && (std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_') &&
+        std::all_of(name.begin(), name.end(),
+                    [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!ok) throw UsageError("-x '" + x + "': expected NAME or NAME=VALUE");
+    if (is_contract_variable(name)) {
+      throw UsageError("-x " + name + ": kolo-run sets " + name + " itself, per rank");
+    }
+  }
   if (!np_given) throw UsageError("missing -np N (the number of ranks)");
   if (o.command.empty()) throw UsageError("missing the program to run");
   if (hosts_text) {
@@ -329,14 +422,42 @@ Options parse_args(int argc, char** argv) {
 // ---------------------------------------------------------------------------------------------
 // Where ranks run.
 
-enum class HostKind { this_machine, netns };
+enum class HostKind { this_machine, netns, ssh };
+
+// An address of one of this machine's interfaces (numeric, as getifaddrs gives them).
+bool is_own_address(const std::string& h) {
+  std::string addr = h;
+  if (addr.size() > 2 && addr.front() == '[' && addr.back() == ']') {
+    addr = addr.substr(1, addr.size() - 2);
+  }
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (ifaddrs* a = list; a && !found; a = a->ifa_next) {
+    if (!a->ifa_addr) continue;
+    const int family = a->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    char text[NI_MAXHOST] = {};
+    const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    if (::getnameinfo(a->ifa_addr, len, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) != 0) {
+      continue;
+    }
+    std::string t(text);
+    t = t.substr(0, t.find('%'));  // fe80::1%eth0: the scope is not part of what users write
+    found = t == addr;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
 
 bool is_this_machine(const std::string& h) {
   if (h == "localhost" || h == "127.0.0.1" || h == "::1") return true;
   char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return false;
-  const std::string full(name);
-  return h == full || h == full.substr(0, full.find('.'));
+  if (::gethostname(name, sizeof(name) - 1) == 0) {
+    const std::string full(name);
+    if (h == full || h == full.substr(0, full.find('.'))) return true;
+  }
+  return is_own_address(h);
 }
 
 bool is_netns(const std::string& h) {
@@ -370,11 +491,9 @@ std::vector<RankPlan> plan_ranks(const Options& o) {
     } else if (is_netns(h.name)) {
       kinds.push_back(HostKind::netns);
     } else {
-      throw LaunchError("host " + h.name +
-                            " is not reachable from kolo-run (this machine or a network "
-                            "namespace); use localhost, 127.0.0.1, this machine's hostname, or "
-                            "a namespace listed in /var/run/netns",
-                        kExitUsage);
+      // Anything else is another machine, reached with ssh ([user@]host, or an alias of the
+      // user's ssh configuration).
+      kinds.push_back(HostKind::ssh);
     }
   }
   // Fill hosts in -H order; hosts left without ranks do not count as hosts of the job.
@@ -510,6 +629,86 @@ std::string describe_signal(int sig) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Ranks on ssh hosts.
+
+// The remote side of an ssh rank: run by `/bin/sh -c` on the remote host, with the program and
+// its arguments as $1... It is one line without backslashes, so any POSIX login shell passes it
+// on unchanged. What it does:
+//   * reads one line from stdin, the job: `export 'KOLO_RANK=..' ... 'KOLO_SECRET=..'` plus a
+//     few kolo_* settings, and evaluates it: the secret is never in an argument list;
+//   * without --store-host, the store's address is the one this ssh connection came from
+//     (SSH_CONNECTION), i.e. an address of kolo-run's machine that this host reaches;
+//   * checks that it leads its process group (sshd starts every session with setsid(), and the
+//     login shell execs this sh): the group is the rank with all it starts, and nothing else;
+//   * a watcher (in the background, outside the program's way: its output goes to /dev/null)
+//     reads the rest of stdin: "INT", "TERM", "HUP" are sent to the whole group; end-of-file
+//     SIGKILLs the group. EOF comes when kolo-run closes the pipe, when ssh dies (kolo-run
+//     SIGKILLed, the connection dropped: sshd closes the session) and when the rank has exited
+//     (sshd closes the child's stdin then): nothing of the rank outlives it or kolo-run;
+//   * runs the program in the foreground (so it keeps the default SIGINT disposition, which
+//     sh would take from a background command) and exits with its status (128+S for signal S).
+//     Its own `trap : INT TERM HUP` keeps it alive through a forwarded signal to report that;
+//     its own stderr goes to /dev/null by then (the program gets the real one, fd 4, inside a
+//     subshell, so that dash's "Killed" / "Terminated" notes, written to the stderr in effect
+//     around the command, do not mix with the rank's output).
+// Its first line on stdout, kStartedMarker, tells kolo-run that the ssh session is up (kolo-run
+// removes it from the output). The watcher ignores TERM and HUP (sh ignores INT in background
+// commands), so a forwarded signal does not end the channel.
+constexpr const char* kRemotePrologue =
+    "echo kolo-run-remote-prologue-started; "
+    "IFS= read -r kolo_job || { echo \"kolo-run: no job description on stdin\" >&2; exit 1; }; "
+    "eval \"$kolo_job\"; "
+    "if [ -z \"${KOLO_STORE:-}\" ]; then kolo_c=${SSH_CONNECTION%% *}; "
+    "if [ -z \"$kolo_c\" ]; then echo \"kolo-run: SSH_CONNECTION is not set on $kolo_host, so "
+    "the store address is unknown there: pass --store-host\" >&2; exit 1; fi; "
+    "case $kolo_c in *:*) kolo_c=\"[$kolo_c]\";; esac; "
+    "export KOLO_STORE=\"$kolo_c:$kolo_port\"; fi; "
+    "cd \"$kolo_wdir\" 2>/dev/null || cd; "
+    "case $1 in */*) if [ ! -e \"$1\" ]; then echo \"kolo-run: cannot execute $1 on $kolo_host "
+    "(in $PWD): No such file or directory\" >&2; exit 127; "
+    "elif [ -d \"$1\" ] || [ ! -x \"$1\" ]; then echo \"kolo-run: cannot execute $1 on "
+    "$kolo_host: Permission denied\" >&2; exit 126; fi;; "
+    "*) command -v \"$1\" >/dev/null 2>&1 || { echo \"kolo-run: cannot execute $1 on $kolo_host: "
+    "not found in PATH=$PATH\" >&2; exit 127; };; esac; "
+    "kill -s 0 -- \"-$$\" 2>/dev/null || { echo \"kolo-run: the remote shell on $kolo_host does "
+    "not lead a process group of its own, so its rank could not be stopped\" >&2; exit 1; }; "
+    "trap : INT TERM HUP; "
+    "exec 3<&0 </dev/null 4>&2 2>/dev/null; "
+    "{ trap \"\" TERM HUP; while IFS= read -r kolo_sig <&3; do case $kolo_sig in INT|TERM|HUP) "
+    "kill -s \"$kolo_sig\" -- \"-$$\";; esac; done; kill -s KILL -- \"-$$\"; } "
+    ">/dev/null 2>&1 4>&- & "
+    "exec 3<&-; "
+    "(exec \"$@\" 2>&4 4>&-); kolo_rc=$?; exit \"$kolo_rc\"";
+
+constexpr std::string_view kStartedMarker = "kolo-run-remote-prologue-started";
+
+// sshd refuses some of the connections that arrive while 10 others are still authenticating
+// (its default MaxStartups 10:30:100), so kolo-run keeps at most this many ssh ranks per host
+// between "ssh started" and "the remote prologue runs"; the others wait their turn.
+constexpr int kMaxStartingPerHost = 8;
+
+// `s` as one word for a POSIX shell: single quotes, a ' inside as '\''.
+std::string sh_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      q += "'\\''";
+    } else {
+      q += c;
+    }
+  }
+  return q + "'";
+}
+
+// The name ssh connects to: the -H name, without the brackets of an IPv6 address.
+std::string ssh_destination(const std::string& host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    return host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The job.
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -520,11 +719,16 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 struct Rank {
   int index = 0;
-  pid_t pid = -1;  // also its process group id
+  pid_t pid = -1;  // also its process group id (for an ssh rank: of its local ssh client)
   bool alive = false;
   bool signalled = false;  // kolo-run itself sent it a signal: its death is not "a failure"
+  HostKind kind = HostKind::this_machine;
+  std::string host;  // the -H name
   int out_fd = -1;
   int err_fd = -1;
+  int ctl_fd = -1;        // ssh ranks: the write end of ssh's stdin (job line, then control lines)
+  bool starting = false;  // ssh ranks: started, the remote prologue not heard from yet
+  std::string before_start;  // ssh ranks: stdout before kStartedMarker (login-script output)
   std::unique_ptr<LineRelay> out;
   std::unique_ptr<LineRelay> err;
 };
@@ -539,6 +743,7 @@ class Job {
       if (r.alive) ::kill(-r.pid, SIGKILL);
       close_fd(r.out_fd);
       close_fd(r.err_fd);
+      close_fd(r.ctl_fd);
     }
     if (sigfd_ >= 0) ::close(sigfd_);
     if (devnull_ >= 0) ::close(devnull_);
@@ -549,7 +754,9 @@ class Job {
     resolve_paths();
     start_store();
     prepare_env();
-    for (int r = 0; r < o_.np; ++r) spawn(r);
+    ranks_.reserve(static_cast<std::size_t>(o_.np));  // the poll loop holds Rank pointers
+    for (int r = 0; r < o_.np; ++r) unspawned_.push_back(r);
+    spawn_ready();
     if (o_.timeout) timeout_deadline_ = kolo::Deadline::after(*o_.timeout);
     loop();
     store_->stop();
@@ -584,7 +791,18 @@ class Job {
   }
 
   void resolve_paths() {
-    program_ = resolve_program(o_.command[0]);
+    auto first_of = [&](HostKind k) -> const RankPlan* {
+      for (const auto& p : plan_) {
+        if (p.kind == k) return &p;
+      }
+      return nullptr;
+    };
+    const RankPlan* ssh_rank = first_of(HostKind::ssh);
+    const bool any_here = std::any_of(plan_.begin(), plan_.end(),
+                                      [](const RankPlan& p) { return p.kind != HostKind::ssh; });
+    // The program must exist here only when ranks run here; ssh hosts look for it themselves.
+    program_ = any_here ? resolve_program(o_.command[0]) : o_.command[0];
+    if (ssh_rank) prepare_ssh(*ssh_rank, any_here);
     const bool any_netns = std::any_of(plan_.begin(), plan_.end(),
                                        [](const RankPlan& p) { return p.kind == HostKind::netns; });
     if (any_netns) {
@@ -604,6 +822,55 @@ class Job {
       }
       ip_ = find_ip_command();
     }
+  }
+
+  void prepare_ssh(const RankPlan& ssh_rank, bool any_here) {
+    const std::string& host = ssh_rank.host_key;
+    if (any_here && !o_.store_host) {
+      // A rank here would reach the store on 127.0.0.1 and then advertise 127.0.0.1 to peers
+      // on other machines.
+      throw LaunchError("ranks run on this machine and on ssh host " + host +
+                            ": pass --store-host ADDR, an address of this machine that " + host +
+                            " reaches (the ranks here advertise the address they reach the "
+                            "store by)",
+                        kExitUsage);
+    }
+    const std::string what = o_.ssh ? "--ssh" : "KOLO_RUN_SSH";
+    const std::string line = o_.ssh ? *o_.ssh : getenv_or("KOLO_RUN_SSH", "ssh");
+    try {
+      ssh_words_ = split_words(line, what + " '" + line + "'");
+    } catch (const UsageError& e) {
+      throw LaunchError(e.what(), kExitUsage);
+    }
+    if (ssh_words_.empty()) {
+      throw LaunchError(what + " is empty: it must name the ssh command", kExitUsage);
+    }
+    try {
+      ssh_words_[0] = resolve_program(ssh_words_[0]);
+    } catch (const LaunchError& e) {
+      throw LaunchError("host " + host + " is not this machine nor a network namespace, so its " +
+                            "ranks start with ssh, but " + e.what(),
+                        e.code());
+    }
+    // ssh's own defaults for a launcher: no terminal, never a prompt (a rank's ssh cannot
+    // answer one), a bounded connect. Given after the user's words: ssh keeps the first value
+    // of an option, so the user's win. Other remote shells (--ssh "rsh") get nothing added.
+    const std::string base = ssh_words_[0].substr(ssh_words_[0].rfind('/') + 1);
+    if (base == "ssh") {
+      for (const char* w : {"-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=30"}) {
+        ssh_words_.emplace_back(w);
+      }
+    }
+    // (Another remote shell may well run on this machine: then loopback is its business.)
+    if (base == "ssh" && o_.store_host && is_loopback(*o_.store_host)) {
+      throw LaunchError("--store-host " + *o_.store_host +
+                            " is a loopback address, which ranks on ssh host " + host +
+                            " cannot reach: give an address of this machine that " + host +
+                            " reaches, or leave --store-host out",
+                        kExitUsage);
+    }
+    char cwd[4096];
+    wdir_ = ::getcwd(cwd, sizeof(cwd)) ? cwd : "";
   }
 
   void start_store() {
@@ -633,14 +900,42 @@ class Job {
     // Variables kolo-run sets per rank replace inherited ones. KOLO_PEERS and KOLO_LISTEN_FD
     // describe the job kolo-run itself may be part of (a stale fd number, another job's
     // peers) and would mislead the ranks, so they are dropped.
-    static const std::set<std::string> replaced = {
-        "KOLO_RANK",       "KOLO_SIZE",       "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE",
-        "KOLO_CROSS_RANK", "KOLO_CROSS_SIZE", "KOLO_STORE",      "KOLO_SECRET",
-        "KOLO_HOST_KEY",   "KOLO_PEERS",      "KOLO_LISTEN_FD"};
+    // -x NAME=VALUE replaces an inherited NAME.
+    std::set<std::string> set_by_x;
+    for (const auto& x : o_.exports) {
+      if (x.find('=') != std::string::npos) set_by_x.insert(x.substr(0, x.find('=')));
+    }
     for (char** e = environ; *e; ++e) {
       const std::string_view kv(*e);
       const std::string name(kv.substr(0, kv.find('=')));
-      if (!replaced.count(name)) base_env_.emplace_back(kv);
+      if (is_contract_variable(name) || set_by_x.count(name)) continue;
+      base_env_.emplace_back(kv);
+      // ssh ranks start from the remote login's environment: kolo's own knobs follow them
+      // (KOLO_TIMEOUT_SECONDS, KOLO_TRANSPORT, ...), except this machine's address and the
+      // launcher's own setting.
+      if (name.rfind("KOLO_", 0) == 0 && name != "KOLO_ADDR" && name != "KOLO_RUN_SSH") {
+        ssh_env_.emplace_back(kv);
+      }
+    }
+    for (const auto& x : o_.exports) {
+      if (x.find('=') != std::string::npos) {
+        base_env_.push_back(x);
+        ssh_env_.push_back(x);
+        continue;
+      }
+      const char* v = std::getenv(x.c_str());
+      if (!v)
+        throw LaunchError("-x " + x + ": " + x + " is not set in this environment", kExitUsage);
+      ssh_env_.push_back(x + "=" + v);
+    }
+    if (!ssh_words_.empty()) {
+      for (const auto& kv : ssh_env_) {
+        if (kv.find('\n') != std::string::npos) {
+          throw LaunchError("the value of " + kv.substr(0, kv.find('=')) +
+                                " has a newline, which cannot be passed to ssh hosts",
+                            kExitUsage);
+        }
+      }
     }
     devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     // Ranks run in their own process groups, so a rank reading a terminal would be stopped by
@@ -666,6 +961,30 @@ class Job {
     return env;
   }
 
+  // The one line an ssh rank's prologue evaluates: its variables (the secret among them) and
+  // kolo_* settings for the prologue itself.
+  std::string job_line(int r) const {
+    const RankPlan& p = plan_[static_cast<std::size_t>(r)];
+    std::string line = "export";
+    auto add = [&](const std::string& kv) { line += " " + sh_quote(kv); };
+    for (const auto& kv : ssh_env_) add(kv);
+    add("KOLO_RANK=" + std::to_string(r));
+    add("KOLO_SIZE=" + std::to_string(o_.np));
+    add("KOLO_LOCAL_RANK=" + std::to_string(p.local_rank));
+    add("KOLO_LOCAL_SIZE=" + std::to_string(p.local_size));
+    add("KOLO_CROSS_RANK=" + std::to_string(p.cross_rank));
+    add("KOLO_CROSS_SIZE=" + std::to_string(p.cross_size));
+    if (o_.store_host) add("KOLO_STORE=" + store_addr_);
+    add("KOLO_SECRET=" + secret_);
+    add("KOLO_HOST_KEY=" + p.host_key);
+    // Without --store-host, the prologue exports no KOLO_STORE of its own making unless unset:
+    // an inherited one from the remote login must not win.
+    if (!o_.store_host) line = "unset KOLO_STORE; " + line;
+    line += "; kolo_port=" + std::to_string(store_->port()) +
+            "; kolo_host=" + sh_quote(p.host_key) + "; kolo_wdir=" + sh_quote(wdir_) + "\n";
+    return line;
+  }
+
   static void close_fd(int& fd) {
     if (fd >= 0) ::close(fd);
     fd = -1;
@@ -675,27 +994,47 @@ class Job {
     const RankPlan& p = plan_[static_cast<std::size_t>(r)];
     // Everything the child needs is built here: between fork and exec only async-signal-safe
     // calls are allowed (the store's threads may hold the allocator's locks).
+    const bool ssh = p.kind == HostKind::ssh;
     std::vector<std::string> args;
-    if (p.kind == HostKind::netns) args = {ip_, "netns", "exec", p.host_key};
-    args.push_back(program_);
-    args.insert(args.end(), o_.command.begin() + 1, o_.command.end());
+    std::vector<std::string> env;
+    std::string job;
+    if (ssh) {
+      // ssh [user's words] [defaults] host "exec /bin/sh -c '<prologue>' kolo-rank 'prog' 'arg'..."
+      // The ssh client gets this environment without the contract: the secret goes down the pipe.
+      args = ssh_words_;
+      args.push_back(ssh_destination(p.host_key));
+      std::string remote = "exec /bin/sh -c " + sh_quote(kRemotePrologue) + " kolo-rank";
+      for (const auto& a : o_.command) remote += " " + sh_quote(a);
+      args.push_back(remote);
+      env = base_env_;
+      job = job_line(r);
+      if (job.size() > 60000) {
+        throw LaunchError("the environment passed to ssh hosts is " + std::to_string(job.size()) +
+                              " bytes, more than the 60000 kolo-run sends: forward less (-x)",
+                          kExitUsage);
+      }
+    } else {
+      if (p.kind == HostKind::netns) args = {ip_, "netns", "exec", p.host_key};
+      args.push_back(program_);
+      args.insert(args.end(), o_.command.begin() + 1, o_.command.end());
+      env = env_for(r);
+    }
     const std::string exe = args[0];
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    std::vector<std::string> env = env_for(r);
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
 
-    int out[2], err[2], status_pipe[2];
+    int out[2], err[2], status_pipe[2], ctl[2] = {-1, -1};
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
-        ::pipe2(status_pipe, O_CLOEXEC) != 0) {
+        ::pipe2(status_pipe, O_CLOEXEC) != 0 || (ssh && ::pipe2(ctl, O_CLOEXEC) != 0)) {
       throw LaunchError(
           "cannot create pipes for rank " + std::to_string(r) + ": " + std::strerror(errno),
           kExitInternal);
     }
-    const int in_fd = r == 0 ? rank0_stdin_ : devnull_;
+    const int in_fd = ssh ? ctl[0] : r == 0 ? rank0_stdin_ : devnull_;
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) {
@@ -731,13 +1070,30 @@ class Job {
     ::close(out[1]);
     ::close(err[1]);
     ::close(status_pipe[1]);
+    if (ssh) {
+      ::close(ctl[0]);
+      // The job line fits in the pipe (at most 60000 bytes of its 64 KiB), so this returns at
+      // once whatever ssh does; later control lines are written without blocking.
+      std::string_view rest = job;
+      while (!rest.empty()) {
+        const ssize_t k = ::write(ctl[1], rest.data(), rest.size());
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;  // ssh already gone: its exit status tells the rest
+        rest.remove_prefix(static_cast<std::size_t>(k));
+      }
+      ::fcntl(ctl[1], F_SETFL, O_NONBLOCK);
+    }
 
     Rank rank;
     rank.index = r;
     rank.pid = pid;
     rank.alive = true;
+    rank.kind = p.kind;
+    rank.host = p.host_key;
     rank.out_fd = out[0];
     rank.err_fd = err[0];
+    rank.ctl_fd = ctl[1];
+    rank.starting = ssh;
     const std::string prefix = o_.prefix ? "[" + std::to_string(r) + "] " : std::string();
     rank.out = std::make_unique<LineRelay>(&g_stdout, prefix);
     rank.err = std::make_unique<LineRelay>(&g_stderr, prefix);
@@ -764,7 +1120,8 @@ class Job {
   void loop() {
     std::vector<pollfd> fds;
     std::vector<std::pair<Rank*, bool>> owners;  // per fds entry after the signalfd: rank, is_err
-    while (std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.alive; })) {
+    while (!unspawned_.empty() ||
+           std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.alive; })) {
       fds.clear();
       owners.clear();
       fds.push_back({sigfd_, POLLIN, 0});
@@ -790,6 +1147,7 @@ class Job {
       }
       reap();  // also without SIGCHLD: signalfd merges signals, reaping is idempotent
       check_deadlines();
+      spawn_ready();
     }
     // Every rank is gone: what they wrote is already in the pipes. Anything a leftover
     // grandchild writes later is not waited for (it could hold the pipe open for ever).
@@ -799,6 +1157,7 @@ class Job {
       r.err->finish();
       close_fd(r.out_fd);
       close_fd(r.err_fd);
+      close_fd(r.ctl_fd);
     }
     if (phase_ != Phase::running) {
       // A torn-down job leaves nothing behind: the groups may still hold helpers the ranks
@@ -815,16 +1174,83 @@ class Job {
     for (int n = 0; fd >= 0 && n < max_reads; ++n) {
       const ssize_t k = ::read(fd, buf, sizeof(buf));
       if (k > 0) {
-        relay.feed(buf, static_cast<std::size_t>(k));
+        if (!is_err && r.starting) {
+          feed_before_start(r, buf, static_cast<std::size_t>(k));
+        } else {
+          relay.feed(buf, static_cast<std::size_t>(k));
+        }
         continue;
       }
       if (k < 0 && errno == EINTR) continue;
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      if (!is_err && r.starting) {  // the session ended before the prologue spoke
+        r.starting = false;
+        relay.feed(r.before_start.data(), r.before_start.size());
+        r.before_start.clear();
+      }
       relay.finish();  // EOF (or a broken pipe): flush a partial last line
       close_fd(fd);
       return false;
     }
     return fd >= 0;
+  }
+
+  // An ssh rank's stdout until the prologue's marker line: lines before it (a login script's)
+  // pass on; the marker is dropped and ends the rank's "starting" state.
+  void feed_before_start(Rank& r, const char* data, std::size_t n) {
+    std::string& b = r.before_start;
+    b.append(data, n);
+    std::size_t start = 0;
+    for (;;) {
+      const std::size_t nl = b.find('\n', start);
+      if (nl == std::string::npos) break;
+      const std::string_view line(b.data() + start, nl - start);
+      start = nl + 1;
+      if (line.size() >= kStartedMarker.size() &&
+          line.substr(line.size() - kStartedMarker.size()) == kStartedMarker) {
+        // A login script's last words without a newline share the marker's line.
+        std::string before(line.substr(0, line.size() - kStartedMarker.size()));
+        if (!before.empty()) r.out->feed((before + "\n").data(), before.size() + 1);
+        r.starting = false;
+        const std::string rest = b.substr(start);
+        b.clear();
+        if (!rest.empty()) r.out->feed(rest.data(), rest.size());
+        return;
+      }
+      r.out->feed(b.data() + (start - line.size() - 1), line.size() + 1);
+    }
+    b.erase(0, start);
+    if (b.size() > kMaxLine) {  // no line end for this long: not the marker's line
+      r.out->feed(b.data(), b.size());
+      b.clear();
+    }
+  }
+
+  // Starts the ranks not started yet, in rank order, as far as kMaxStartingPerHost allows; once
+  // the job is being torn down, the rest never start.
+  void spawn_ready() {
+    if (unspawned_.empty()) return;
+    if (phase_ != Phase::running) {
+      unspawned_.clear();
+      return;
+    }
+    std::map<std::string, int> starting;
+    for (const auto& r : ranks_) {
+      if (r.alive && r.starting) ++starting[r.host];
+    }
+    std::vector<int> later;
+    for (const int idx : unspawned_) {
+      const RankPlan& p = plan_[static_cast<std::size_t>(idx)];
+      if (p.kind == HostKind::ssh) {
+        if (starting[p.host_key] >= kMaxStartingPerHost) {
+          later.push_back(idx);
+          continue;
+        }
+        ++starting[p.host_key];
+      }
+      spawn(idx);
+    }
+    unspawned_ = std::move(later);
   }
 
   // Takes what a rank left in its pipes, bounded so a chatty grandchild cannot stall us.
@@ -896,21 +1322,35 @@ class Job {
       if (it == ranks_.end()) continue;
       Rank& r = *it;
       r.alive = false;
+      close_fd(r.ctl_fd);
       // The rank's last words (e.g. its exception) come before kolo-run's verdict on it.
       drain(r);
       int code = 0;
       std::string how;
+      bool by_signal = false;
+      const bool ssh = r.kind == HostKind::ssh;
       if (WIFEXITED(status)) {
         code = WEXITSTATUS(status);
         how = "exited with code " + std::to_string(code);
+        if (ssh && code == 255) {
+          how +=
+              " (ssh's code for its own failures: unreachable host, refused authentication or "
+              "a dropped connection; ssh's message, if any, is above)";
+        } else if (ssh && code > 128 && code <= 128 + 64) {
+          // The remote shell's status: 128+S is how it reports a death by signal S.
+          how = "killed by signal " + describe_signal(code - 128);
+          by_signal = true;
+        }
       } else if (WIFSIGNALED(status)) {
         code = 128 + WTERMSIG(status);
         how = "killed by signal " + describe_signal(WTERMSIG(status));
         if (WCOREDUMP(status)) how += " (core dumped)";
+        if (ssh) how = "lost: its ssh client was " + how;
+        by_signal = true;
       }
       if (code == 0 || r.signalled) continue;  // success, or the death kolo-run asked for
-      say("rank " + std::to_string(r.index) + " " + how);
-      failures.push_back({code, r.index, WIFSIGNALED(status) != 0});
+      say("rank " + std::to_string(r.index) + (ssh ? " on " + r.host : std::string()) + " " + how);
+      failures.push_back({code, r.index, by_signal});
     }
   }
 
@@ -926,13 +1366,38 @@ class Job {
     std::vector<int> hit;
     for (auto& r : ranks_) {
       if (!r.alive && !all_groups) continue;
-      ::kill(-r.pid, sig);  // ESRCH is fine: the group is already empty
+      if (r.kind == HostKind::ssh) {
+        signal_remote(r, sig);
+      } else {
+        ::kill(-r.pid, sig);  // ESRCH is fine: the group is already empty
+      }
       if (r.alive) {
         r.signalled = true;
         hit.push_back(r.index);
       }
     }
     return hit;
+  }
+
+  // A signal for an ssh rank: INT, TERM and HUP travel as a control line to the remote
+  // prologue, which signals the rank's process group there (the rank reports back through ssh
+  // as usual). SIGKILL cannot wait for a connection that may be stuck: kolo-run closes the
+  // control pipe and kills its ssh client; the remote side sees EOF and SIGKILLs the group.
+  void signal_remote(Rank& r, int sig) {
+    const char* name = sig == SIGINT    ? "INT\n"
+                       : sig == SIGTERM ? "TERM\n"
+                       : sig == SIGHUP  ? "HUP\n"
+                                        : nullptr;
+    if (name && r.ctl_fd >= 0) {
+      // Non-blocking and tiny: a pipe that is full already holds a signal the remote has not
+      // read yet, and SIGKILL follows anyway.
+      [[maybe_unused]] const ssize_t k = ::write(r.ctl_fd, name, std::strlen(name));
+      return;
+    }
+    if (sig == SIGKILL) {
+      close_fd(r.ctl_fd);
+      ::kill(-r.pid, SIGKILL);
+    }
   }
 
   void check_deadlines() {
@@ -976,7 +1441,11 @@ class Job {
   std::string store_addr_;
   std::unique_ptr<kolo::StoreServer> store_;
   std::vector<std::string> base_env_;
-  std::vector<Rank> ranks_;
+  std::vector<std::string> ssh_env_;    // NAME=VALUE passed to ssh ranks besides the contract
+  std::vector<std::string> ssh_words_;  // the ssh command and its options (with kolo-run's)
+  std::string wdir_;                    // ssh ranks start in this directory when it exists there
+  std::vector<Rank> ranks_;             // in start order; reserved for np (pointers stay valid)
+  std::vector<int> unspawned_;          // ranks waiting for their turn to start (ssh hosts)
   int devnull_ = -1;
   int rank0_stdin_ = STDIN_FILENO;
   int sigfd_ = -1;

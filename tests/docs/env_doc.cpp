@@ -44,6 +44,9 @@ constexpr SectionText kSections[] = {
     {Section::spark, "Spark data shards",
      "Exported by `kolo_spark.run(..., df=...)` and read by `kolo::spark::DataShard` "
      "([spark.md](spark.md))."},
+    {Section::launcher, "kolo-run",
+     "kolo-run passes every `KOLO_*` variable of its own environment on to ranks on ssh hosts "
+     "(except `KOLO_ADDR` and this one) ([multihost.md](multihost.md))."},
     {Section::build, "Building the PyTorch backend",
      "Read by `pip install backends/torch` ([torch.md](torch.md)), not by the library."},
 };

@@ -16,6 +16,10 @@
 //   ignore-term            ignores SIGTERM from now on (so only SIGKILL stops it)
 //   spawn-sleeper SECONDS  forks a child (same process group) that sleeps; prints "sleeper PID"
 //   hold-sleeper SECONDS   like spawn-sleeper, but the child keeps stdout/stderr open
+//   getenv NAME            one line "getenv NAME=VALUE", or "getenv NAME unset"
+//   allreduce N            a Communicator<>::from_env() allreduces N int64 (sum) and N float32
+//                          (average); every element is checked exactly; prints "allreduce ok
+//                          n=N int64[0]=.. int64[N-1]=.. float32[N-1]=.." or exits 4
 // Output goes through write(2) directly: stdio would buffer it in a pipe and lose it on _exit
 // or a signal, which is exactly what some tests do.
 #include <signal.h>
@@ -23,6 +27,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "kolo/kolo.hpp"
 #include "kolo/net/socket.hpp"
 #include "kolo/topology/store.hpp"
 
@@ -101,6 +107,39 @@ void spawn_sleeper(double seconds, bool hold_output) {
   write_fd(1, "sleeper " + std::to_string(pid) + "\n");
 }
 
+// Rank r contributes (r + 1) * (i + 1) to int64 element i, so the sum is (i + 1) * N(N+1)/2,
+// and 2r + i % 5 to float32 element i, so the average is (N - 1) + i % 5: exact in both types.
+void allreduce_check(std::size_t n) {
+  try {
+    auto comm = kolo::Communicator<>::from_env();
+    const auto size = static_cast<std::int64_t>(comm.size());
+    const auto rank = static_cast<std::int64_t>(comm.rank());
+    std::vector<std::int64_t> ints(n);
+    std::vector<float> floats(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      ints[i] = (rank + 1) * static_cast<std::int64_t>(i + 1);
+      floats[i] = static_cast<float>(2 * rank + static_cast<std::int64_t>(i % 5));
+    }
+    comm.allreduce(ints, kolo::ReduceOp::sum);
+    comm.allreduce(floats, kolo::ReduceOp::average);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      wrong += ints[i] != static_cast<std::int64_t>(i + 1) * size * (size + 1) / 2;
+      wrong += floats[i] != static_cast<float>(size - 1 + static_cast<std::int64_t>(i % 5));
+    }
+    if (wrong != 0) {
+      write_fd(1, "allreduce WRONG: " + std::to_string(wrong) + " elements\n");
+      std::_Exit(4);
+    }
+    write_fd(1, "allreduce ok n=" + std::to_string(n) + " int64[0]=" + std::to_string(ints[0]) +
+                    " int64[n-1]=" + std::to_string(ints[n - 1]) +
+                    " float32[n-1]=" + std::to_string(static_cast<double>(floats[n - 1])) + "\n");
+  } catch (const std::exception& e) {
+    write_fd(1, std::string("allreduce failed: ") + e.what() + "\n");
+    std::_Exit(4);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -146,6 +185,14 @@ int main(int argc, char** argv) {
       }
     } else if (cmd == "ignore-term") {
       ::signal(SIGTERM, SIG_IGN);
+    } else if (cmd == "getenv") {
+      const std::string name = arg(++i);
+      const char* v = std::getenv(name.c_str());
+      write_fd(1, "getenv " + name + (v ? "=" + std::string(v) : " unset") + "\n");
+    } else if (cmd == "allreduce") {
+      const long n = std::atol(arg(++i).c_str());
+      if (n < 1) usage("allreduce needs a positive element count");
+      allreduce_check(static_cast<std::size_t>(n));
     } else if (cmd == "spawn-sleeper" || cmd == "hold-sleeper") {
       spawn_sleeper(std::atof(arg(++i).c_str()), cmd == "hold-sleeper");
     } else {

@@ -12,8 +12,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -443,6 +445,8 @@ TEST_CASE("bad arguments exit 2 with a message naming the problem and the usage"
       {{"-np", "2", "--timeout", "soon", kProbe}, "--timeout 'soon' is not a positive number"},
       {{"-np", "2", "--timeout", "0", kProbe}, "--timeout '0' is not a positive number"},
       {{"-np", "2", "--grace", "-1", kProbe}, "--grace '-1' is not a number of seconds"},
+      {{"-np", "2", "-x", "1BAD", kProbe}, "-x '1BAD': expected NAME or NAME=VALUE"},
+      {{"-np", "2", "-x", "KOLO_RANK=3", kProbe}, "-x KOLO_RANK: kolo-run sets KOLO_RANK itself"},
   };
   for (const auto& c : cases) {
     const Result r = run(c.args);
@@ -460,13 +464,182 @@ TEST_CASE("bad arguments exit 2 with a message naming the problem and the usage"
   CHECK(contains(help.out, "usage: kolo-run -np N"));
 }
 
-TEST_CASE("-H with a host that is neither this machine nor a network namespace") {
-  const Result r = run({"-np", "2", "-H", "localhost:1,kolo-nowhere-host:1", kProbe, "env"});
+TEST_CASE("-H with a host that is neither this machine nor a network namespace uses ssh") {
+  // A real ssh whose connection fails at once without touching the network (its proxy command
+  // is `false`): the rank's exit code is ssh's 255, ssh's own message is relayed, and kolo-run
+  // says what 255 means.
+  const Result r = run({"-np", "2", "-H", "kolo-nowhere-host:2", "--ssh",
+                        "ssh -o ProxyCommand=false", kProbe, "env"});
+  INFO("stdout:\n" << r.out << "stderr:\n" << r.err);
+  CHECK(r.code == 255);
+  CHECK(contains(r.err,
+                 "kolo-run: rank 0 on kolo-nowhere-host exited with code 255 (ssh's code "
+                 "for its own failures"));
+  CHECK(contains(r.err, "[0] "));  // ssh's message, prefixed like any output of the rank
+  CHECK(r.out.empty());
+}
+
+namespace {
+
+// A "remote shell" that runs the remote command on this machine, as rsh would on another one:
+// `AGENT host command` -> `sh -c command`. It lets these tests run kolo-run's whole ssh path
+// (the job on stdin, the remote prologue, control lines, EOF) without root or an sshd;
+// tests/netns/ssh_hosts.sh does the same against real sshds on namespace hosts.
+const std::string kLocalAgent = "sh -c 'shift; exec sh -c \"$1\"' local-rsh";
+
+// Every process whose command line holds `needle`.
+std::vector<std::string> cmdlines_with(const std::string& needle) {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (contains(cmd, needle)) found.push_back(name + ": " + cmd);
+  }
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("ranks on a remote-shell host get the contract through stdin, never in argv") {
+  const std::string marker = "kolo-rsh-marker-" + std::to_string(::getpid());
+  KoloRun k({"-np",          "3",
+             "-H",           "far-a:2,far-b:1",
+             "--ssh",        kLocalAgent,
+             "--store-host", "127.0.0.1",
+             "-x",           "KOLO_RSH_SET=a 'quoted' value",
+             kProbe,         "env",
+             "store",        "getenv",
+             "KOLO_RSH_SET", "line",
+             "ready",        "sleep",
+             "30",           "line",
+             marker});
+  const bool ready = k.read_until(
+      [&] {
+        return contains(k.out(), "[0] ready\n") && contains(k.out(), "[1] ready\n") &&
+               contains(k.out(), "[2] ready\n");
+      },
+      20);
+  INFO("stdout:\n" << k.out());
+  REQUIRE(ready);
+  const auto ranks = probe_lines(k.out());
+  REQUIRE(ranks.size() == 3);
+  const std::string secret = ranks.at(0).at("KOLO_SECRET");
+  CHECK(secret.size() == 64);
+  // While every rank runs: kolo-run, the agents, the remote shells and the ranks are all there
+  // (they carry the marker), and none has the secret in its argument list.
+  CHECK(cmdlines_with(marker).size() >= 1 + 3 + 3);
+  CHECK(cmdlines_with(secret).empty());
+  CHECK_FALSE(contains(k.out(), "kolo-run-remote-prologue-started"));
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto& v = ranks.at(rank);
+    CHECK(v.at("KOLO_RANK") == std::to_string(rank));
+    CHECK(v.at("KOLO_SIZE") == "3");
+    CHECK(v.at("KOLO_HOST_KEY") == (rank < 2 ? "far-a" : "far-b"));
+    CHECK(v.at("KOLO_LOCAL_RANK") == (rank < 2 ? std::to_string(rank) : "0"));
+    CHECK(v.at("KOLO_CROSS_RANK") == (rank < 2 ? "0" : "1"));
+    CHECK(v.at("KOLO_CROSS_SIZE") == "2");
+    CHECK(v.at("KOLO_STORE").rfind("127.0.0.1:", 0) == 0);
+    CHECK(v.at("KOLO_SECRET") == secret);
+    CHECK(contains(k.out(), "[" + std::to_string(rank) + "] store ok\n"));
+    CHECK(
+        contains(k.out(), "[" + std::to_string(rank) + "] getenv KOLO_RSH_SET=a 'quoted' value\n"));
+  }
+  // Ctrl-C travels as a control line; the ranks die of the SIGINT itself (no escalation).
+  const auto sent = Clock::now();
+  ::kill(k.pid(), SIGINT);
+  const Result r = k.finish();
+  INFO("stderr:\n" << r.err);
+  CHECK(r.code == 128 + SIGINT);
+  CHECK_FALSE(contains(r.err, "sending SIGTERM"));
+  CHECK(seconds_since(sent) < 2.5);
+  std::vector<std::string> left;
+  for (int i = 0; i < 100; ++i) {
+    left = cmdlines_with(marker);
+    if (left.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK_MESSAGE(left.empty(), "left: ", left.size(),
+                " process(es), first: ", left.empty() ? "" : left[0]);
+}
+
+TEST_CASE("remote-shell ranks: login output passes, the start marker does not, 12 on one host") {
+  // A login script that prints before the command runs; 12 ranks on one host start 8 at a
+  // time (sshd's MaxStartups), the later ones when earlier ones' prologues have spoken.
+  const std::string chatty = "sh -c 'shift; echo login-banner; exec sh -c \"$1\"' chatty-rsh";
+  const Result r = run({"-np", "12", "-H", "far-a:12", "--ssh", chatty, "--store-host", "127.0.0.1",
+                        kProbe, "store", "line", "done"});
+  INFO("stdout:\n" << r.out << "stderr:\n" << r.err);
+  CHECK(r.code == 0);
+  for (int rank = 0; rank < 12; ++rank) {
+    const std::string p = "[" + std::to_string(rank) + "] ";
+    CHECK(contains(r.out, p + "login-banner\n"));
+    CHECK(contains(r.out, p + "store ok\n"));
+    CHECK(contains(r.out, p + "done\n"));
+  }
+  CHECK_FALSE(contains(r.out, "kolo-run-remote-prologue-started"));
+  CHECK(lines_of(r.out).size() == 36);
+}
+
+TEST_CASE("a remote rank that fails ends every rank and the helpers they started") {
+  const Result r = run({"-np", "3", "-H", "far-a:2,far-b:1", "--ssh", kLocalAgent, "--store-host",
+                        "127.0.0.1", "--grace", "0.5", kProbe, "store", "spawn-sleeper", "30",
+                        "kill-if-rank", "2", "9", "sleep", "30"});
+  INFO("stdout:\n" << r.out << "stderr:\n" << r.err);
+  CHECK(r.code == 128 + 9);
+  CHECK(contains(r.err, "kolo-run: rank 2 on far-b killed by signal 9 (SIGKILL)\n"));
+  CHECK(contains(r.err, "kolo-run: sending SIGTERM to rank(s) 0, 1"));
+  const auto sleepers = sleeper_pids(r.out);
+  CHECK(sleepers.size() == 3);
+  for (const pid_t pid : sleepers) {
+    bool gone = false;
+    for (int i = 0; i < 200 && !gone; ++i) {
+      gone = process_gone(pid);
+      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK_MESSAGE(gone, "helper process ", pid, " survived the job");
+    if (!gone) ::kill(pid, SIGKILL);
+  }
+}
+
+TEST_CASE("ssh hosts: what kolo-run refuses, and what the remote side reports") {
+  // A rank here and ranks over ssh: the ones here would advertise 127.0.0.1.
+  Result r = run({"-np", "2", "-H", "localhost:1,kolo-far:1", kProbe, "env"});
+  CHECK(r.code == 2);
+  CHECK(contains(r.err, "ranks run on this machine and on ssh host kolo-far: pass --store-host"));
+
+  r = run({"-np", "1", "-H", "kolo-far:1", "--store-host", "127.0.0.1", kProbe, "env"});
   CHECK(r.code == 2);
   CHECK(contains(r.err,
-                 "kolo-run: host kolo-nowhere-host is not reachable from kolo-run (this machine or "
-                 "a network namespace)"));
-  CHECK(r.out.empty());  // refused before any rank started
+                 "--store-host 127.0.0.1 is a loopback address, which ranks on ssh host "
+                 "kolo-far cannot reach"));
+
+  r = run({"-np", "1", "-H", "kolo-far:1", "--ssh", "ssh -i 'unterminated", kProbe, "env"});
+  CHECK(r.code == 2);
+  CHECK(contains(r.err, "--ssh 'ssh -i 'unterminated' has an unterminated ' quote"));
+
+  r = run({"-np", "1", "-H", "kolo-far:1", kProbe, "env"}, {"KOLO_RUN_SSH=/nonexistent/ssh"});
+  CHECK(r.code == 127);
+  CHECK(contains(r.err,
+                 "host kolo-far is not this machine nor a network namespace, so its ranks "
+                 "start with ssh, but cannot execute '/nonexistent/ssh'"));
+
+  r = run({"-np", "1", "-H", "kolo-far:1", "--ssh", kLocalAgent, "--store-host", "127.0.0.1", "-x",
+           "KOLO_TEST_SURELY_UNSET_4711", kProbe, "env"});
+  CHECK(r.code == 2);
+  CHECK(contains(r.err, "-x KOLO_TEST_SURELY_UNSET_4711: KOLO_TEST_SURELY_UNSET_4711 is not set"));
+
+  // Not ssh: no SSH_CONNECTION to derive the store's address from.
+  r = run({"-np", "1", "-H", "kolo-far:1", "--ssh", kLocalAgent, kProbe, "env"});
+  CHECK(r.code == 1);
+  CHECK(contains(r.err, "[0] kolo-run: SSH_CONNECTION is not set on kolo-far"));
+
+  // The program is looked for on the remote host, not here.
+  r = run({"-np", "1", "-H", "kolo-far:1", "--ssh", kLocalAgent, "--store-host", "127.0.0.1",
+           "/nonexistent/kolo-probe"});
+  CHECK(r.code == 127);
+  CHECK(contains(r.err, "[0] kolo-run: cannot execute /nonexistent/kolo-probe on kolo-far"));
 }
 
 TEST_CASE("ranks on a network-namespace host run inside it") {

@@ -5,6 +5,8 @@
 #   -DMODE=install | subdirectory | fetchcontent_source_dir | fetchcontent_url
 #   -DKOLO_SOURCE_DIR=<kolo source tree>   -DCONSUMER_SOURCE_DIR=<tests/package/consumer>
 #   -DWORK_DIR=<scratch dir>               -DCXX_COMPILER=<compiler of the outer build>
+#   -DEXPECT_MPI=ON|OFF  the outer build found MPI with C++ support: kolo::mpi must come through
+#   -DMPIEXEC=<mpiexec>  install mode, EXPECT_MPI: the kolo::mpi consumer runs under it (2 ranks)
 cmake_minimum_required(VERSION 3.20)
 
 foreach(var MODE KOLO_SOURCE_DIR CONSUMER_SOURCE_DIR WORK_DIR)
@@ -28,9 +30,13 @@ set(common_options ${generator} -DCMAKE_BUILD_TYPE=Release
 if(CXX_COMPILER)
   list(APPEND common_options "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
 endif()
-# The nested kolo builds only need the library itself: no tests, benchmarks, examples, launcher.
+# The nested kolo builds only need the library itself: no tests, benchmarks, examples, launcher
+# (except the installed package, whose kolo-run is used below).
 set(kolo_options -DKOLO_BUILD_TESTS=OFF -DKOLO_BUILD_BENCHMARKS=OFF -DKOLO_BUILD_EXAMPLES=OFF
                  -DKOLO_BUILD_LAUNCHER=OFF)
+if(NOT DEFINED EXPECT_MPI)
+  set(EXPECT_MPI OFF)
+endif()
 
 # Runs one step; on failure prints its whole output and stops with the step's name.
 function(step name)
@@ -51,7 +57,7 @@ if(MODE STREQUAL "install")
   set(kolo_build "${WORK_DIR}/kolo-build")
   set(stage "${WORK_DIR}/stage")
   step("configure kolo" "${CMAKE_COMMAND}" -S "${KOLO_SOURCE_DIR}" -B "${kolo_build}"
-       ${common_options} ${kolo_options} "-DCMAKE_INSTALL_PREFIX=${stage}")
+       ${common_options} ${kolo_options} -DKOLO_BUILD_LAUNCHER=ON "-DCMAKE_INSTALL_PREFIX=${stage}")
   step("build kolo" "${CMAKE_COMMAND}" --build "${kolo_build}")
   step("install kolo" "${CMAKE_COMMAND}" --install "${kolo_build}" --prefix "${stage}")
   foreach(f include/kolo/core/reduce.hpp include/kolo/topology/topology.hpp)
@@ -66,7 +72,11 @@ if(MODE STREQUAL "install")
                         "${config_files}")
   endif()
   get_filename_component(config_dir "${config_files}" DIRECTORY)
-  foreach(f koloConfigVersion.cmake koloTargets.cmake)
+  set(installed_files koloConfigVersion.cmake koloTargets.cmake)
+  if(EXPECT_MPI)
+    list(APPEND installed_files koloMpiTargets.cmake)
+  endif()
+  foreach(f ${installed_files})
     if(NOT EXISTS "${config_dir}/${f}")
       message(FATAL_ERROR "[install] ${config_dir}/${f} was not installed")
     endif()
@@ -77,7 +87,7 @@ if(MODE STREQUAL "install")
   file(RENAME "${stage}" "${prefix}")
   file(REMOVE_RECURSE "${kolo_build}")
   list(APPEND consumer_options -DKOLO_CONSUME=package "-DCMAKE_PREFIX_PATH=${prefix}"
-       "-DKOLO_EXPECTED_PREFIX=${prefix}")
+       "-DKOLO_EXPECTED_PREFIX=${prefix}" -DKOLO_BUILD_MPI_CONSUMER=${EXPECT_MPI})
 elseif(MODE STREQUAL "subdirectory")
   list(APPEND consumer_options -DKOLO_CONSUME=subdirectory "-DKOLO_SOURCE_DIR=${KOLO_SOURCE_DIR}"
        ${kolo_options})
@@ -104,11 +114,41 @@ else()
 endif()
 
 step("configure consumer" "${CMAKE_COMMAND}" -S "${CONSUMER_SOURCE_DIR}" -B "${consumer_build}"
-     ${common_options} ${consumer_options})
+     ${common_options} ${consumer_options} -DKOLO_EXPECT_MPI=${EXPECT_MPI})
 message(STATUS "${step_output}")
 step("build consumer" "${CMAKE_COMMAND}" --build "${consumer_build}")
 step("run consumer" "${consumer_build}/kolo_consumer")
 message(STATUS "${step_output}")
 if(NOT step_output MATCHES "kolo consumer \\(")
   message(FATAL_ERROR "[${MODE}] the consumer did not report success: ${step_output}")
+endif()
+
+if(MODE STREQUAL "install")
+  # The installed kolo-run, moved with its prefix, starts ranks (the consumer needs no peers).
+  step("installed kolo-run" "${prefix}/bin/kolo-run" -np 2 "${consumer_build}/kolo_consumer")
+  message(STATUS "${step_output}")
+  foreach(rank 0 1)
+    if(NOT step_output MATCHES "\\[${rank}\\] kolo consumer \\(package\\): ok")
+      message(FATAL_ERROR "[install] rank ${rank} of the installed kolo-run did not report success")
+    endif()
+  endforeach()
+  # kolo::mpi from the package: a real MPI job of 2 ranks.
+  if(EXPECT_MPI)
+    if(NOT MPIEXEC)
+      message(FATAL_ERROR "[install] MPI was found but no mpiexec: -DMPIEXEC=... is required")
+    endif()
+    execute_process(COMMAND "${MPIEXEC}" --version OUTPUT_VARIABLE mpi_version ERROR_QUIET)
+    set(mpi_flags "")
+    if(mpi_version MATCHES "Open MPI|OpenRTE")  # root, 2 cores, shared memory: as tests/mpi
+      set(mpi_flags --oversubscribe --allow-run-as-root --bind-to none --mca btl self,vader)
+    endif()
+    step("kolo::mpi consumer under mpiexec" "${MPIEXEC}" ${mpi_flags} -np 2
+         "${consumer_build}/kolo_consumer_mpi")
+    message(STATUS "${step_output}")
+    foreach(rank 0 1)
+      if(NOT step_output MATCHES "kolo mpi consumer: rank ${rank}/2 ok, sum 3000")
+        message(FATAL_ERROR "[install] rank ${rank} of the kolo::mpi consumer did not report success")
+      endif()
+    endforeach()
+  endif()
 endif()

@@ -50,7 +50,8 @@ enum class Section : unsigned char {
   mpi,
   torch,
   spark,
-  build,  // read when building kolo_torch (pip install backends/torch)
+  launcher,  // read by kolo-run
+  build,     // read when building kolo_torch (pip install backends/torch)
 };
 
 // Who reads it (the sweep calls that reader; `none` is exported by a launcher for programs,
@@ -499,6 +500,20 @@ inline constexpr Var data_columns{"KOLO_DATA_COLUMNS",
                                   {},
                                   true};
 
+// ---- kolo-run ----
+inline constexpr Var run_ssh{"KOLO_RUN_SSH",
+                             Kind::text,
+                             Section::launcher,
+                             Reader::none,
+                             0,
+                             0,
+                             "`ssh`",
+                             "the ssh command (with options) kolo-run starts ranks on remote `-H` "
+                             "hosts with, when `--ssh` is not given",
+                             {},
+                             {},
+                             true};
+
 // ---- building the PyTorch backend (read by backends/torch's build, not by the library) ----
 inline constexpr Var include_dir{"KOLO_INCLUDE_DIR",
                                  Kind::text,
@@ -572,6 +587,7 @@ inline std::span<const Var* const> all_vars() {
       &vars::data_format,
       &vars::data_rows,
       &vars::data_columns,
+      &vars::run_ssh,
       &vars::include_dir,
       &vars::torch_python,
   };
