@@ -148,7 +148,8 @@ inline constexpr Var store{"KOLO_STORE",
                            "-",
                            "`host:port` of the rendezvous store hosted by the launcher; without "
                            "it, torchrun's `MASTER_ADDR` and `MASTER_PORT` (rank 0 then hosts "
-                           "the store there)"};
+                           "the store there, or on `MASTER_PORT + 1` when torchrun's agent "
+                           "serves its own store on `MASTER_PORT`)"};
 inline constexpr Var peers{"KOLO_PEERS",
                            Kind::host_ports,
                            Section::contract,

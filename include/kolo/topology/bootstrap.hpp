@@ -36,7 +36,16 @@ class Bootstrap {
           server_ = std::make_unique<StoreServer>(net::Socket(topo_.listen_fd), topo_.secret);
           topo_.listen_fd = -1;  // consumed by the store
         } else {
-          server_ = StoreServer::listen("0.0.0.0", topo_.store->port, topo_.secret);
+          try {
+            server_ = StoreServer::listen("0.0.0.0", topo_.store->port, topo_.secret);
+          } catch (const Error& e) {
+            throw ConfigError(std::string(e.what()) +
+                              ": rank 0 hosts kolo's rendezvous store on "
+                              "port " +
+                              std::to_string(topo_.store->port) +
+                              " (MASTER_PORT, or MASTER_PORT + 1 under torchrun's agent store); "
+                              "choose a free one with MASTER_PORT or KOLO_STORE=host:port");
+          }
         }
       }
       store_ = std::make_shared<StoreClient>(*topo_.store, topo_.secret, topo_.rank,

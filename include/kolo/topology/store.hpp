@@ -65,8 +65,8 @@
 #include <utility>
 #include <vector>
 
-#include "kolo/core/deadline.hpp"
 #include "kolo/core/config.hpp"
+#include "kolo/core/deadline.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/net/auth.hpp"

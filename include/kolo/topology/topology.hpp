@@ -176,6 +176,18 @@ struct Topology {
       if (addr && port) {
         t.store = net::parse_host_port(*addr + ":" + *port, "MASTER_ADDR:MASTER_PORT");
         t.host_store = t.rank == 0;  // torchrun convention: rank 0 serves the store
+        // torchrun's agent serves torch's own store on MASTER_PORT when it tells its workers
+        // TORCHELASTIC_USE_AGENT_STORE=True (the default of its c10d rendezvous): rank 0 then
+        // hosts kolo's store one port above (KOLO_STORE chooses another address).
+        if (const auto agent = env("TORCHELASTIC_USE_AGENT_STORE");
+            agent && (*agent == "True" || *agent == "true" || *agent == "1")) {
+          if (t.store->port >= 65535) {
+            throw ConfigError("MASTER_PORT=" + *port +
+                              " leaves no port above it for kolo's store beside torchrun's agent "
+                              "store: set KOLO_STORE=host:port");
+          }
+          t.store->port = static_cast<std::uint16_t>(t.store->port + 1);
+        }
       } else if (addr || port) {
         throw ConfigError(std::string(addr ? "MASTER_PORT" : "MASTER_ADDR") + " is not set but " +
                           (addr ? "MASTER_ADDR" : "MASTER_PORT") +
