@@ -19,8 +19,8 @@
  *
  * Every failure path also checks that a message came with the code, that the process is still
  * running (no abort: the exit status would tell kolo-run), and that the communicator then keeps
- * returning the error (see check_fault for when exactly an error reaches each rank). Each rank prints "KOLO_C_PASS rank=R mode=M" and exits 0, or prints what
- * failed and exits 1.
+ * returning the error (see check_fault for when exactly an error reaches each rank). Each rank
+ * prints "KOLO_C_PASS rank=R mode=M" and exits 0, or prints what failed and exits 1.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -37,13 +37,13 @@ static int failures = 0;
 static int my_rank = -1;
 static const char* mode = "";
 
-#define CHECK(cond)                                                                            \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      fprintf(stderr, "KOLO_C_FAIL rank=%d mode=%s %s:%d: %s\n", my_rank, mode, __FILE__,      \
-              __LINE__, #cond);                                                                \
-      ++failures;                                                                              \
-    }                                                                                          \
+#define CHECK(cond)                                                                       \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      fprintf(stderr, "KOLO_C_FAIL rank=%d mode=%s %s:%d: %s\n", my_rank, mode, __FILE__, \
+              __LINE__, #cond);                                                           \
+      ++failures;                                                                         \
+    }                                                                                     \
   } while (0)
 
 /* A call that must succeed; on failure prints the code and the message. */
@@ -63,15 +63,16 @@ static void expect_error(kolo_result_t got, kolo_result_t code, const char* need
                          const char* what, int line) {
   const char* msg = kolo_get_last_error();
   if (got != code) {
-    fprintf(stderr, "KOLO_C_FAIL rank=%d mode=%s line %d: %s returned %d (%s), expected %d (%s): %s\n",
+    fprintf(stderr,
+            "KOLO_C_FAIL rank=%d mode=%s line %d: %s returned %d (%s), expected %d (%s): %s\n",
             my_rank, mode, line, what, (int)got, kolo_get_error_string(got), (int)code,
             kolo_get_error_string(code), msg);
     ++failures;
     return;
   }
   if (msg == NULL || msg[0] == '\0' || (needle != NULL && strstr(msg, needle) == NULL)) {
-    fprintf(stderr, "KOLO_C_FAIL rank=%d mode=%s line %d: %s: message '%s' lacks '%s'\n",
-            my_rank, mode, line, what, msg ? msg : "(null)", needle ? needle : "");
+    fprintf(stderr, "KOLO_C_FAIL rank=%d mode=%s line %d: %s: message '%s' lacks '%s'\n", my_rank,
+            mode, line, what, msg ? msg : "(null)", needle ? needle : "");
     ++failures;
     return;
   }
@@ -375,7 +376,7 @@ static void run_collectives(kolo_comm_t comm) {
   const char* env_size = getenv("KOLO_SIZE");
   CHECK(size == (env_size ? atoi(env_size) : 1));
   CHECK(rank == my_rank);
-  CHECK(size >= 1 && size <= 4); /* the fixed-size buffers below hold 4 ranks */
+  CHECK(size >= 1 && size <= 4);                   /* the fixed-size buffers below hold 4 ranks */
   CHECK(local_size == size && local_rank == rank); /* kolo-run: one host */
   if (failures) return;
   check_allreduce(comm, rank, size);
@@ -418,10 +419,9 @@ static void check_local_errors(void) {
   EXPECT_ERROR(kolo_comm_init(&comm, 2, 2, "127.0.0.1:1", "0123456789abcdef", 0),
                KOLO_ERR_INVALID_ARGUMENT, "rank 2 is not in 0..1");
   CHECK(comm == NULL);
-  EXPECT_ERROR(kolo_comm_init(&comm, 0, 0, NULL, NULL, 0), KOLO_ERR_INVALID_ARGUMENT,
-               "size 0");
-  EXPECT_ERROR(kolo_comm_init(&comm, 0, 2, NULL, "0123456789abcdef", 0),
-               KOLO_ERR_INVALID_ARGUMENT, "store_address is NULL");
+  EXPECT_ERROR(kolo_comm_init(&comm, 0, 0, NULL, NULL, 0), KOLO_ERR_INVALID_ARGUMENT, "size 0");
+  EXPECT_ERROR(kolo_comm_init(&comm, 0, 2, NULL, "0123456789abcdef", 0), KOLO_ERR_INVALID_ARGUMENT,
+               "store_address is NULL");
   EXPECT_ERROR(kolo_comm_init(&comm, 0, 2, "no-port-here", "0123456789abcdef", 0),
                KOLO_ERR_INVALID_ARGUMENT, "store_address=no-port-here");
   EXPECT_ERROR(kolo_comm_init(&comm, 0, 2, "127.0.0.1:1", "short", 0), KOLO_ERR_INVALID_ARGUMENT,
@@ -475,8 +475,7 @@ static void check_local_errors(void) {
                "dtype 8 is not a kolo_dtype_t");
   OK(kolo_comm_destroy(comm));
   OK(kolo_comm_init(&comm, 0, 1, NULL, NULL, 0));
-  EXPECT_ERROR(kolo_broadcast(x, 3, KOLO_FLOAT32, 1, comm), KOLO_ERR_INVALID_ARGUMENT,
-               "root 1");
+  EXPECT_ERROR(kolo_broadcast(x, 3, KOLO_FLOAT32, 1, comm), KOLO_ERR_INVALID_ARGUMENT, "root 1");
   OK(kolo_comm_destroy(comm));
 }
 
@@ -502,23 +501,24 @@ static void step_result(fault_log* log, int step, kolo_result_t r) {
     log->code = r;
     log->step = step;
     snprintf(log->message, sizeof log->message, "%s", kolo_get_last_error());
-    printf("rank %d: step %d -> %s: %s\n", my_rank, step, kolo_get_error_string(r),
-           log->message);
+    printf("rank %d: step %d -> %s: %s\n", my_rank, step, kolo_get_error_string(r), log->message);
   } else if (log->code != KOLO_SUCCESS && r != log->code) {
-    fprintf(stderr, "KOLO_C_FAIL rank=%d mode=%s: step %d returned %d (%s) after step %d failed "
-            "with %d; an aborted communicator must keep returning its error\n", my_rank, mode,
-            step, (int)r, kolo_get_error_string(r), log->step, (int)log->code);
+    fprintf(stderr,
+            "KOLO_C_FAIL rank=%d mode=%s: step %d returned %d (%s) after step %d failed "
+            "with %d; an aborted communicator must keep returning its error\n",
+            my_rank, mode, step, (int)r, kolo_get_error_string(r), log->step, (int)log->code);
     ++failures;
   }
 }
 
-static void expect_fault(const fault_log* log, kolo_result_t code, const char* needle,
-                         int latest) {
+static void expect_fault(const fault_log* log, kolo_result_t code, const char* needle, int latest) {
   if (log->code != code || log->step > latest ||
       (needle != NULL && strstr(log->message, needle) == NULL) || log->message[0] == '\0') {
-    fprintf(stderr, "KOLO_C_FAIL rank=%d mode=%s: expected %s (with '%s') by step %d, got %s at "
-            "step %d: '%s'\n", my_rank, mode, kolo_get_error_string(code), needle ? needle : "",
-            latest, kolo_get_error_string(log->code), log->step, log->message);
+    fprintf(stderr,
+            "KOLO_C_FAIL rank=%d mode=%s: expected %s (with '%s') by step %d, got %s at "
+            "step %d: '%s'\n",
+            my_rank, mode, kolo_get_error_string(code), needle ? needle : "", latest,
+            kolo_get_error_string(log->code), log->step, log->message);
     ++failures;
   }
 }
@@ -547,8 +547,8 @@ static void check_fault(kolo_comm_t comm, int rank, int size) {
   step_result(&log, 0, kolo_barrier(comm));
   if (strcmp(mode, "bad-dtype") == 0) {
     /* Rank 0's own check fails at once; the others' valid call fails too, naming rank 0. */
-    step_result(&log, 1, kolo_allreduce(a, b, 5, rank == 0 ? (kolo_dtype_t)99 : KOLO_INT32,
-                                        KOLO_SUM, comm));
+    step_result(&log, 1,
+                kolo_allreduce(a, b, 5, rank == 0 ? (kolo_dtype_t)99 : KOLO_INT32, KOLO_SUM, comm));
     step_result(&log, 2, kolo_barrier(comm));
     expect_fault(&log, KOLO_ERR_INVALID_ARGUMENT,
                  rank == 0 ? "dtype 99 is not a kolo_dtype_t" : "on rank 0", rank == 0 ? 1 : 2);
