@@ -42,13 +42,22 @@
 #define KOLO_C_API
 #endif
 
+/* In C++ the enums get int as their fixed underlying type, so that any int a caller passes (an
+ * unknown dtype, a code from a newer library) is a valid value to receive and check; in C they
+ * are plain enums. The representation is the same: a 32-bit integer. */
+#ifdef __cplusplus
+#define KOLO_C_ENUM_BASE : int
+#else
+#define KOLO_C_ENUM_BASE
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* ---------------------------------------------------------------- result codes */
 
-typedef enum kolo_result {
+typedef enum kolo_result KOLO_C_ENUM_BASE {
   KOLO_SUCCESS = 0,
   /* A bad argument: NULL handle or pointer, unknown dtype or op, counts that do not fit the
    * communicator, root out of range, overlapping buffers. From a collective: on this rank, or
@@ -71,7 +80,7 @@ typedef enum kolo_result {
 /* ---------------------------------------------------------------- element types and ops */
 
 /* Values equal kolo::DataType's (they travel between ranks and never change). */
-typedef enum kolo_dtype {
+typedef enum kolo_dtype KOLO_C_ENUM_BASE {
   KOLO_FLOAT16 = 0, /* IEEE 754 binary16 (uint16_t bit pattern) */
   KOLO_BFLOAT16 = 1, /* bfloat16 (the top 16 bits of a float) */
   KOLO_FLOAT32 = 2,
@@ -85,7 +94,7 @@ typedef enum kolo_dtype {
 /* Values equal kolo::ReduceOp's. average: sum, then one division by the number of ranks per
  * element (integers truncate toward zero). float16 and bfloat16 reduce in float32, one
  * rounding per step. */
-typedef enum kolo_op {
+typedef enum kolo_op KOLO_C_ENUM_BASE {
   KOLO_SUM = 0,
   KOLO_AVERAGE = 1,
   KOLO_MIN = 2,
