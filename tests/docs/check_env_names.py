@@ -3,7 +3,7 @@
 
 The table (include/kolo/core/config.hpp) is the one place a variable is declared: its range,
 default and doc line live there, and docs/environment.md is generated from it. This check scans
-the library, the backends, the examples and the benchmarks for quoted names ("KOLO_X" or
+the library, the compiled C ABI (src/), the backends, the examples and the benchmarks for quoted names ("KOLO_X" or
 'KOLO_X': the way code reads or exports a variable) and fails, naming file and line, for any name
 the table does not declare (`kolo_env_doc --names` lists the declared ones).
 
@@ -18,7 +18,7 @@ import sys
 NOT_VARIABLES = {
     "KOLO_SPARK_FAILURE",  # a marker line in a failed rank's output (kolo_spark/task.py)
 }
-SCANNED = ("include", "backends", "examples", "benchmarks")
+SCANNED = ("include", "src", "backends", "examples", "benchmarks")
 SUFFIXES = {".hpp", ".cpp", ".h", ".c", ".cu", ".cuh", ".py"}
 PATTERN = re.compile(r"""["'](KOLO_[A-Z0-9_]+)["']""")
 

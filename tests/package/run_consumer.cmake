@@ -1,5 +1,7 @@
 # cmake -P script behind the package/* tests: gets kolo into a fresh consumer project one way
-# (MODE), builds the consumer and runs it. Everything happens under WORK_DIR, wiped first, so a
+# (MODE), builds the consumer and runs it: the C++ program on kolo::kolo, the C program on
+# kolo::kolo_c and kolo::kolo_c_static, and (installed prefix) the C program built through
+# pkg-config without CMake. Everything happens under WORK_DIR, wiped first, so a
 # test never sees what an earlier run left behind.
 #
 #   -DMODE=install | subdirectory | fetchcontent_source_dir | fetchcontent_url
@@ -60,9 +62,16 @@ if(MODE STREQUAL "install")
        ${common_options} ${kolo_options} -DKOLO_BUILD_LAUNCHER=ON "-DCMAKE_INSTALL_PREFIX=${stage}")
   step("build kolo" "${CMAKE_COMMAND}" --build "${kolo_build}")
   step("install kolo" "${CMAKE_COMMAND}" --install "${kolo_build}" --prefix "${stage}")
-  foreach(f include/kolo/core/reduce.hpp include/kolo/topology/topology.hpp)
+  foreach(f include/kolo/core/reduce.hpp include/kolo/topology/topology.hpp include/kolo/c/kolo.h)
     if(NOT EXISTS "${stage}/${f}")
       message(FATAL_ERROR "[install] ${f} was not installed")
+    endif()
+  endforeach()
+  # The C ABI: the shared library (with its SONAME link), the static one, the pkg-config file.
+  foreach(pattern libkolo_c.so libkolo_c.so.[0-9]* libkolo_c_static.a pkgconfig/kolo_c.pc)
+    file(GLOB_RECURSE found "${stage}/*/${pattern}")
+    if(NOT found)
+      message(FATAL_ERROR "[install] nothing matching ${pattern} was installed")
     endif()
   endforeach()
   file(GLOB_RECURSE config_files "${stage}/*/koloConfig.cmake")
@@ -150,5 +159,38 @@ if(MODE STREQUAL "install")
         message(FATAL_ERROR "[install] rank ${rank} of the kolo::mpi consumer did not report success")
       endif()
     endforeach()
+  endif()
+endif()
+
+# The C ABI from C, through kolo::kolo_c and kolo::kolo_c_static.
+foreach(link kolo_c kolo_c_static)
+  step("run C consumer (${link})" "${consumer_build}/kolo_consumer_${link}")
+  message(STATUS "${step_output}")
+  if(NOT step_output MATCHES "kolo C consumer \\([a-z_]+, ${link}\\): ok")
+    message(FATAL_ERROR "[${MODE}] the C consumer (${link}) did not report success: ${step_output}")
+  endif()
+endforeach()
+
+# An installed prefix serves builds without CMake too: `cc app.c $(pkg-config kolo_c)`.
+if(MODE STREQUAL "install")
+  find_program(PKG_CONFIG_PROGRAM pkg-config REQUIRED)
+  find_program(C_COMPILER NAMES cc gcc clang REQUIRED)
+  file(GLOB_RECURSE pc_file "${prefix}/*/pkgconfig/kolo_c.pc")
+  get_filename_component(pc_dir "${pc_file}" DIRECTORY)
+  step("pkg-config kolo_c" "${CMAKE_COMMAND}" -E env "PKG_CONFIG_PATH=${pc_dir}"
+       "${PKG_CONFIG_PROGRAM}" --cflags --libs kolo_c)
+  string(STRIP "${step_output}" pc_flags)
+  separate_arguments(pc_flags UNIX_COMMAND "${pc_flags}")
+  set(pc_exe "${WORK_DIR}/c_consumer_pkgconfig")
+  step("compile with pkg-config" "${C_COMPILER}" -std=c11 -Wall -Wextra -Wpedantic -Werror
+       "-DKOLO_CONSUMER_MODE=\"install\"" "-DKOLO_CONSUMER_LINK=\"pkg-config\""
+       "${CONSUMER_SOURCE_DIR}/c_consumer.c" -o "${pc_exe}" ${pc_flags})
+  string(REGEX MATCH "-L([^;]+)" _ "${pc_flags}")
+  step("run C consumer (pkg-config)" "${CMAKE_COMMAND}" -E env
+       "LD_LIBRARY_PATH=${CMAKE_MATCH_1}" "${pc_exe}")
+  message(STATUS "${step_output}")
+  if(NOT step_output MATCHES "kolo C consumer \\(install, pkg-config\\): ok")
+    message(FATAL_ERROR "[install] the pkg-config C consumer did not report success: "
+                        "${step_output}")
   endif()
 endif()

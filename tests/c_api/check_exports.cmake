@@ -1,0 +1,40 @@
+# cmake -DLIB=libkolo_c.so -DHEADER=kolo/c/kolo.h -P check_exports.cmake
+# The shared library's dynamic symbol table holds exactly the functions kolo.h declares: none
+# missing (a binding would fail to load), nothing else (kolo's C++ internals stay private).
+find_program(NM NAMES nm llvm-nm REQUIRED)
+execute_process(COMMAND ${NM} -D --defined-only "${LIB}" OUTPUT_VARIABLE nm_out
+                RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "nm -D ${LIB} failed (${rc})")
+endif()
+string(REGEX MATCHALL "[^\n]+" lines "${nm_out}")
+set(exported "")
+foreach(line IN LISTS lines)
+  if(line MATCHES "^[0-9a-fA-F]* *[A-Za-z] ([^ ]+)$")
+    string(REGEX REPLACE "@.*" "" sym "${CMAKE_MATCH_1}")
+    list(APPEND exported ${sym})
+  endif()
+endforeach()
+
+file(READ "${HEADER}" header)
+string(REGEX MATCHALL "KOLO_C_API[^;(]*[ *](kolo_[a-z_]+)\\(" decls "${header}")
+set(declared "")
+foreach(d IN LISTS decls)
+  string(REGEX REPLACE ".*[ *](kolo_[a-z_]+)\\($" "\\1" name "${d}")
+  list(APPEND declared ${name})
+endforeach()
+list(LENGTH declared n_declared)
+if(n_declared LESS 20)
+  message(FATAL_ERROR "found only ${n_declared} declarations in ${HEADER}: ${declared}")
+endif()
+
+set(extra ${exported})
+list(REMOVE_ITEM extra ${declared})
+set(missing ${declared})
+list(REMOVE_ITEM missing ${exported})
+if(extra OR missing)
+  message(FATAL_ERROR "${LIB}: exported but not in kolo.h: [${extra}]; "
+                      "in kolo.h but not exported: [${missing}]")
+endif()
+list(LENGTH exported n)
+message(STATUS "${LIB} exports the ${n} functions of kolo.h and nothing else")
