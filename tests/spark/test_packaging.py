@@ -34,7 +34,7 @@ def test_wheel_builds(tmp_path):
         pytest.skip(f"cannot build (build isolation needs setuptools from PyPI): {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr
     [wheel] = [f for f in os.listdir(out) if f.endswith(".whl")]
-    assert wheel.startswith("kolo_spark-0.1.0-")
+    assert wheel.startswith("kolo_spark-0.2.0-")
     names = zipfile.ZipFile(out / wheel).namelist()
     for module in ("__init__", "driver", "task", "topology", "process", "data", "liveness",
                    "errors"):
@@ -49,4 +49,4 @@ def test_wheel_builds(tmp_path):
     probe = subprocess.run([sys.executable, "-c",
                             "import kolo_spark; print(kolo_spark.__file__, kolo_spark.__version__)"],
                            env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert probe.stdout.startswith(str(target)) and probe.stdout.split()[1] == "0.1.0"
+    assert probe.stdout.startswith(str(target)) and probe.stdout.split()[1] == "0.2.0"
