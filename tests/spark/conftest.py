@@ -92,6 +92,10 @@ def spark_session(master, app, **conf):
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    # The Python workers (and so the ranks, which use the worker's interpreter) run this
+    # interpreter: PySpark takes it from PYSPARK_PYTHON, not from spark.pyspark.python.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+
     settings = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",

@@ -55,8 +55,8 @@ def _pickler():
     # (executors always have it), the standalone package in local mode when the driver has it.
     if os.environ.pop("KOLO_SPARK_PICKLER", "") == "cloudpickle":
         import cloudpickle
-    else:
-        from pyspark import cloudpickle
+        return cloudpickle
+    from pyspark import cloudpickle
     return cloudpickle
 
 
