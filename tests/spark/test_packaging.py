@@ -37,7 +37,7 @@ def test_wheel_builds(tmp_path):
     assert wheel.startswith("kolo_spark-0.2.0-")
     names = zipfile.ZipFile(out / wheel).namelist()
     for module in ("__init__", "driver", "task", "topology", "process", "data", "liveness",
-                   "errors"):
+                   "errors", "supervisor", "fnrank", "timeline", "rank", "runners"):
         assert f"kolo_spark/{module}.py" in names
 
     # ... and installs: the installed package imports without the source tree.
@@ -50,3 +50,17 @@ def test_wheel_builds(tmp_path):
                             "import kolo_spark; print(kolo_spark.__file__, kolo_spark.__version__)"],
                            env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
     assert probe.stdout.startswith(str(target)) and probe.stdout.split()[1] == "0.2.0"
+
+
+def test_run_demo_refuses_what_is_not_a_program(tmp_path):
+    # A fresh clone has no build: the demo must say what to build, not submit the repository
+    # directory as the program (a directory passes os.access(X_OK)).
+    demo = os.path.join(REPO, "examples", "spark", "run_demo.py")
+    for flags, missing in ((["--demo", REPO], "allreduce_demo"),
+                           (["--demo", sys.executable, "--data", "--shard-sum", str(tmp_path)],
+                            "kolo_spark_shard_sum")):
+        proc = subprocess.run([sys.executable, demo, "--local-mode", *flags], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1
+        assert f"{missing} not found at" in proc.stderr and "not an executable file" in proc.stderr
+        assert f"--target {missing}" in proc.stderr
