@@ -64,3 +64,16 @@ def test_run_demo_refuses_what_is_not_a_program(tmp_path):
         assert proc.returncode == 1
         assert f"{missing} not found at" in proc.stderr and "not an executable file" in proc.stderr
         assert f"--target {missing}" in proc.stderr
+
+
+def test_in_tree_pip_builds_leave_git_clean():
+    # `pip install backends/spark` builds in the source tree (build/, kolo_spark.egg-info/):
+    # git must ignore both, so a developer's install never shows up as changes.
+    if not os.path.isdir(os.path.join(REPO, ".git")) and \
+            not os.path.isfile(os.path.join(REPO, ".git")):
+        pytest.skip("not a git checkout")
+    paths = ["backends/spark/build/lib/kolo_spark/driver.py",
+             "backends/spark/kolo_spark.egg-info/PKG-INFO"]
+    proc = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.stdout.split() == paths

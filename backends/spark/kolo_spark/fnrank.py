@@ -119,5 +119,29 @@ def main() -> int:
     return 0
 
 
+EXIT_GRACE = 10.0  # seconds the interpreter may take to exit after the function's outcome
+
+
+def _exit_watchdog(code: int) -> None:
+    """Non-daemon threads the function left (a data loader's, a server's) would keep the
+    interpreter from exiting after its result is written: give it EXIT_GRACE seconds (atexit
+    handlers, flushing), then end the process."""
+    import threading
+
+    def guard():
+        time.sleep(EXIT_GRACE)
+        try:
+            sys.stderr.write(f"kolo_spark: the rank's interpreter had not exited {EXIT_GRACE:g} s "
+                             "after the function ended (threads it started still run): "
+                             "ending it\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+    threading.Thread(target=guard, name="kolo_spark-exit-watchdog", daemon=True).start()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _code = main()
+    _exit_watchdog(_code)
+    sys.exit(_code)
