@@ -238,3 +238,21 @@ def test_local_mode_timeline_and_torchrun_port(tmp_path):
     for r in range(2):
         assert any(e["name"] == "rank process" and e["pid"] == r for e in events)
     assert result.timeline == str(path)
+
+
+def _sized(n):
+    import os
+
+    return b"x" * n if os.environ["RANK"] == "1" else None
+
+
+def test_function_results_up_to_the_limit_come_back_whole():
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    values = kolo_spark.run(None, 2, _sized, args=(50_000,), local_mode=True,
+                            max_result_bytes=100_000, stream_logs=False)
+    assert values == [None, b"x" * 50_000]
+    with pytest.raises(kolo_spark.ResultTooLargeError, match="rank 1's return value"):
+        kolo_spark.run(None, 2, _sized, args=(150_000,), local_mode=True,
+                       max_result_bytes=100_000, stream_logs=False)

