@@ -58,7 +58,7 @@ import math
 import os
 import struct
 import sys
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, Optional, Sequence, Tuple
 
 FORMATS = ("csv", "f64", "bin")
 F64_MAGIC = b"KOLOF64\0"

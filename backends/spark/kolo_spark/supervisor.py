@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import errno
 import json
 import os
 import select
