@@ -8,7 +8,9 @@
     python3 examples/spark/run_demo.py --local-mode  # no Spark job: ranks as subprocesses
 
 With --data, each rank also gets a shard of a DataFrame and examples/spark/shard_sum checks the
-global row count and sum. Exits 0 when every rank reports exact results.
+global row count and sum (build it: cmake --build build --target kolo_spark_shard_sum; or pass
+--shard-sum PATH). Binaries are looked for in build*/examples of this checkout. Exits 0 when every
+rank reports exact results.
 """
 
 import argparse
@@ -26,8 +28,22 @@ except ImportError:  # not pip-installed: use the source tree
 
 
 def find_binary(name):
-    found = sorted(glob.glob(os.path.join(REPO, "build*", "examples", name)), key=os.path.getmtime)
+    found = sorted((p for p in glob.glob(os.path.join(REPO, "build*", "examples", name))
+                    if is_program(p)), key=os.path.getmtime)
     return found[-1] if found else None
+
+
+def is_program(path):
+    return bool(path) and os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def program(given, name, target):
+    """An absolute path to an executable file: --option PATH, else the newest build's."""
+    path = os.path.abspath(given) if given else find_binary(name)
+    if not is_program(path):
+        sys.exit(f"{name} not found" + (f" at {given} (not an executable file)" if given else "") +
+                 f": build it (cmake --build build --target {target}) or pass its path")
+    return path
 
 
 def main():
@@ -38,13 +54,13 @@ def main():
     ap.add_argument("--elements", type=int, default=1 << 20)
     ap.add_argument("--local-mode", action="store_true", help="ranks on the driver, no Spark job")
     ap.add_argument("--data", action="store_true", help="also run shard_sum on a DataFrame")
+    ap.add_argument("--shard-sum", default=None, help="path of shard_sum on the executors")
     ap.add_argument("--timeout", type=float, default=300)
     args = ap.parse_args()
 
-    demo = os.path.abspath(args.demo or find_binary("allreduce_demo") or "")
-    if not os.access(demo, os.X_OK):
-        sys.exit("allreduce_demo not found: build it (cmake --build build --target allreduce_demo) "
-                 "or pass --demo PATH")
+    demo = program(args.demo, "allreduce_demo", "allreduce_demo")
+    shard_sum = program(args.shard_sum, "kolo_spark_shard_sum", "kolo_spark_shard_sum") \
+        if args.data else None
 
     spark = None
     if not args.local_mode or args.data:
@@ -55,23 +71,19 @@ def main():
         env = {"KOLO_TIMEOUT_SECONDS": "60"}
         result = kolo_spark.run(spark, args.np, demo, [str(args.elements)], env=env,
                                 timeout=args.timeout, local_mode=args.local_mode,
-                                collect_output="all", echo=False)
+                                collect_output="all", stream_logs=False)
         for rank in result.ranks:
             print(rank.output.splitlines()[-1] if rank.output else f"rank {rank.rank}: no output")
         ok = all("correct" in r.output for r in result.ranks)
 
         if args.data:
-            shard_sum = find_binary("kolo_spark_shard_sum")
-            if not shard_sum:
-                sys.exit("kolo_spark_shard_sum not found: cmake --build build --target "
-                         "kolo_spark_shard_sum")
             n = 100000
             df = spark.range(n).selectExpr("id", "id * 0.25 AS x")
             expect = sum(i * 0.25 for i in range(n))
             data = kolo_spark.run(spark, args.np, shard_sum,
                                   ["x", "--expect-rows", str(n), "--expect-sum", repr(expect)],
                                   env=env, df=df, data_format="f64", local_mode=args.local_mode,
-                                  collect_output="all", echo=False, timeout=args.timeout)
+                                  collect_output="all", stream_logs=False, timeout=args.timeout)
             for rank in data.ranks:
                 print(rank.output.splitlines()[-1])
             ok = ok and all("correct" in r.output for r in data.ranks)

@@ -43,12 +43,18 @@ constexpr SectionText kSections[] = {
     {Section::torch, "PyTorch backend", "Read by `kolo_torch` ([torch.md](torch.md))."},
     {Section::spark, "Spark data shards",
      "Exported by `kolo_spark.run(..., df=...)` and read by `kolo::spark::DataShard` "
-     "([spark.md](spark.md))."},
+     "([spark.md](spark.md)). The Spark backend also exports torchrun's variables "
+     "(`MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, "
+     "`GROUP_RANK`) and, for a rank with GPUs, `CUDA_VISIBLE_DEVICES` with "
+     "`KOLO_CUDA_DEVICE=0`."},
     {Section::launcher, "kolo-run",
      "kolo-run passes every `KOLO_*` variable of its own environment on to ranks on ssh hosts "
      "(except `KOLO_ADDR` and this one) ([multihost.md](multihost.md))."},
     {Section::build, "Building the PyTorch backend",
      "Read by `pip install backends/torch` ([torch.md](torch.md)), not by the library."},
+    {Section::internal, "Internal",
+     "Set by `kolo_spark` for the Python process of a function rank and removed from its "
+     "environment when it starts; listed so that nothing kolo reads is undocumented."},
 };
 
 std::string number(double d) {

@@ -247,6 +247,7 @@ TEST_CASE("invalid environment on one rank only under kolo-run") {
     const Report& rep = reports.at(rank);
     CHECK(rep.kind == "TimeoutError");
     CHECK(contains(rep.what, "hostkey/1'"));  // the key rank 1 never wrote
+    CHECK(contains(rep.what, "rank 1 (of 3) did not reach the rendezvous"));  // who is missing
   }
 }
 
@@ -279,6 +280,7 @@ TEST_CASE("invalid environment on one rank only with rank 0 hosting the store") 
     }
     if (r == 0) {
       CHECK(rep.kind == "TimeoutError");
+      CHECK(contains(rep.what, "rank 1 (of 3) did not reach the rendezvous"));
     } else {
       CHECK((rep.kind == "TimeoutError" || rep.kind == "PeerLostError"));
       CHECK(contains(rep.what, "store"));

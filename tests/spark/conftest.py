@@ -18,10 +18,15 @@ except ImportError:  # not pip-installed: use the source tree
     sys.path.insert(0, os.path.join(REPO, "backends", "spark"))
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kolo_torch: needs kolo_torch installed (CTest runs these "
+                            "as spark/kolo_ddp, after torch/install)")
+
+
 def _binary(var):
     path = os.environ.get(var, "")
-    if not path or not os.access(path, os.X_OK):
-        pytest.skip(f"{var} is not set to a built binary (run through CTest or run_pytest.sh)")
+    if not path or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        pytest.fail(f"{var} is not set to a built binary (run through CTest or run_pytest.sh)")
     return os.path.abspath(path)  # executors run in their own working directories
 
 
@@ -86,6 +91,10 @@ def spark_session(master, app, **conf):
     every later SparkConf."""
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
+
+    # The Python workers (and so the ranks, which use the worker's interpreter) run this
+    # interpreter: PySpark takes it from PYSPARK_PYTHON, not from spark.pyspark.python.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
 
     settings = {
         "spark.ui.enabled": "false",

@@ -1,6 +1,7 @@
 """local_mode=True: the ranks run as subprocesses of the driver (no Spark job), through the same
 environment contract and process handling as the barrier tasks."""
 
+import json
 import os
 import re
 import subprocess
@@ -138,3 +139,120 @@ def test_bad_calls_fail_before_anything_runs():
     with pytest.raises(kolo_spark.RankFailedError, match="could not be started") as caught:
         kolo_spark.run(None, 2, "/nonexistent/kolo-program", local_mode=True)
     assert caught.value.reason == "start"
+
+
+# --- Python functions as ranks, on the driver ---
+def _whoami(base, scale=1):
+    import os
+    import sys
+
+    env = os.environ
+    return (base * scale + int(env["RANK"]),
+            [env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                              "MASTER_ADDR")],
+            os.getpid(), sys.modules["__main__"].__spec__.name)
+
+
+def test_function_values_in_rank_order():
+    import cloudpickle  # local mode pickles with the standalone package
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    offset = 100  # captured
+
+    def fn(base, scale=1):
+        v, env, pid, main = _whoami(base, scale)
+        return v + offset, env, pid, main
+
+    for n in (1, 2, 3, 4):
+        values = kolo_spark.run(None, n, fn, args=(10,), kwargs={"scale": 2}, local_mode=True,
+                                stream_logs=False)
+        assert [v for v, _, _, _ in values] == [120 + r for r in range(n)]
+        assert [e for _, e, _, _ in values] == [[str(r), str(n), str(r), str(n), "0", "127.0.0.1"]
+                                                for r in range(n)]
+        assert len({pid for _, _, pid, _ in values}) == n and os.getpid() not in \
+            {pid for _, _, pid, _ in values}
+        assert {m for _, _, _, m in values} == {"kolo_spark.fnrank"}
+
+
+def _raise_on_rank_2(directory):
+    import os
+    import subprocess
+    import time
+
+    rank = os.environ["RANK"]
+    subprocess.Popen(["setsid", "sleep", f"3600.{5100 + int(rank)}"])
+    with open(os.path.join(directory, f"pid.{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    if rank == "2":
+        raise KeyError("no such shard")
+    time.sleep(60)
+
+
+def test_function_raising_in_local_mode(tmp_path):
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with pytest.raises(kolo_spark.RankFunctionError) as caught:
+        kolo_spark.run(None, 3, _raise_on_rank_2, args=(str(tmp_path),), local_mode=True,
+                       stream_logs=False, kill_grace=0.5)
+    err = caught.value
+    assert (err.rank, err.exc_type, err.reason) == (2, "KeyError", "raise")
+    assert "in _raise_on_rank_2" in err.remote_traceback
+    pids = read_pids(tmp_path, 3)
+    left = wait_gone(pids.values(), 1.0)
+    daemons = subprocess.run(["pgrep", "-f", "sleep 3600.51"], capture_output=True, text=True)
+    left += [int(p) for p in daemons.stdout.split()]
+    kill_leftovers(left)
+    assert 2 in pids and left == []
+
+
+def test_detached_daemons_are_found_and_reported(tmp_path):
+    # The rank exits at once but leaves a daemon in a session of its own: its supervisor (the
+    # child subreaper) finds it, ends it and reports it by pid and name.
+    script = f"setsid sleep 3600.61 & echo $! > {tmp_path}/pid.$KOLO_RANK; sleep 0.3; exit 0"
+    lines = []
+    result = kolo_spark.run(None, 2, ["sh", "-c", script], local_mode=True,
+                            stream_logs=lambda r, line: lines.append((r, line)),
+                            collect_output="all")
+    assert result.exit_codes == [0, 0]
+    pids = read_pids(tmp_path, 2)
+    for r, rank in enumerate(result.ranks):
+        [left] = rank.leftovers
+        assert left["pid"] == pids[r] and left["name"] == "sleep" and left["detached"]
+        assert f"kolo rank {r} exited but left 1 process running: {pids[r]} (sleep, detached " \
+               "from the session); ending them" in rank.output
+    assert any("left 1 process running" in line for _, line in lines)
+    left = wait_gone(pids.values(), 1.0)
+    kill_leftovers(left)
+    assert left == []
+
+
+def test_local_mode_timeline_and_torchrun_port(tmp_path):
+    path = tmp_path / "t.json"
+    script = 'echo "port=$MASTER_PORT addr=$MASTER_ADDR"'
+    result = kolo_spark.run(None, 2, ["sh", "-c", script], local_mode=True, timeline=str(path),
+                            stream_logs=False, collect_output="all")
+    ports = {r.output for r in result.ranks}
+    assert len(ports) == 1 and ports.pop().endswith("addr=127.0.0.1")
+    events = json.loads(path.read_text())["traceEvents"]
+    for r in range(2):
+        assert any(e["name"] == "rank process" and e["pid"] == r for e in events)
+    assert result.timeline == str(path)
+
+
+def _sized(n):
+    import os
+
+    return b"x" * n if os.environ["RANK"] == "1" else None
+
+
+def test_function_results_up_to_the_limit_come_back_whole():
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    values = kolo_spark.run(None, 2, _sized, args=(50_000,), local_mode=True,
+                            max_result_bytes=100_000, stream_logs=False)
+    assert values == [None, b"x" * 50_000]
+    with pytest.raises(kolo_spark.ResultTooLargeError, match="rank 1's return value"):
+        kolo_spark.run(None, 2, _sized, args=(150_000,), local_mode=True,
+                       max_result_bytes=100_000, stream_logs=False)

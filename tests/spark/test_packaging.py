@@ -34,10 +34,10 @@ def test_wheel_builds(tmp_path):
         pytest.skip(f"cannot build (build isolation needs setuptools from PyPI): {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr
     [wheel] = [f for f in os.listdir(out) if f.endswith(".whl")]
-    assert wheel.startswith("kolo_spark-0.1.0-")
+    assert wheel.startswith("kolo_spark-0.2.0-")
     names = zipfile.ZipFile(out / wheel).namelist()
     for module in ("__init__", "driver", "task", "topology", "process", "data", "liveness",
-                   "errors"):
+                   "errors", "supervisor", "fnrank", "timeline", "rank", "runners"):
         assert f"kolo_spark/{module}.py" in names
 
     # ... and installs: the installed package imports without the source tree.
@@ -49,4 +49,31 @@ def test_wheel_builds(tmp_path):
     probe = subprocess.run([sys.executable, "-c",
                             "import kolo_spark; print(kolo_spark.__file__, kolo_spark.__version__)"],
                            env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert probe.stdout.startswith(str(target)) and probe.stdout.split()[1] == "0.1.0"
+    assert probe.stdout.startswith(str(target)) and probe.stdout.split()[1] == "0.2.0"
+
+
+def test_run_demo_refuses_what_is_not_a_program(tmp_path):
+    # A fresh clone has no build: the demo must say what to build, not submit the repository
+    # directory as the program (a directory passes os.access(X_OK)).
+    demo = os.path.join(REPO, "examples", "spark", "run_demo.py")
+    for flags, missing in ((["--demo", REPO], "allreduce_demo"),
+                           (["--demo", sys.executable, "--data", "--shard-sum", str(tmp_path)],
+                            "kolo_spark_shard_sum")):
+        proc = subprocess.run([sys.executable, demo, "--local-mode", *flags], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1
+        assert f"{missing} not found at" in proc.stderr and "not an executable file" in proc.stderr
+        assert f"--target {missing}" in proc.stderr
+
+
+def test_in_tree_pip_builds_leave_git_clean():
+    # `pip install backends/spark` builds in the source tree (build/, kolo_spark.egg-info/):
+    # git must ignore both, so a developer's install never shows up as changes.
+    if not os.path.isdir(os.path.join(REPO, ".git")) and \
+            not os.path.isfile(os.path.join(REPO, ".git")):
+        pytest.skip("not a git checkout")
+    paths = ["backends/spark/build/lib/kolo_spark/driver.py",
+             "backends/spark/kolo_spark.egg-info/PKG-INFO"]
+    proc = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.stdout.split() == paths

@@ -205,3 +205,83 @@ def test_timeout_kills_the_ranks(spark, tmp_path):
     left = wait_gone(read_pids(tmp_path, 2).values(), 1.0)
     kill_leftovers(left)
     assert left == []
+
+
+def _ml_frame(spark, n):
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql.types import (ArrayType, DoubleType, LongType, StringType, StructField,
+                                   StructType)
+
+    schema = StructType([StructField("id", LongType()), StructField("features", VectorUDT()),
+                         StructField("arr", ArrayType(DoubleType())),
+                         StructField("name", StringType()), StructField("x", DoubleType())])
+    big = 1 << 53
+    rows = [(big + i,  # int64 above 2^53: a double cannot tell big + 1 from big
+             Vectors.dense([i * 0.5, 1.0, -i]) if i % 2 else Vectors.sparse(3, {0: i * 0.5, 2: -i}),
+             [float(i), 0.25], f"name, {i}", i * 0.125) for i in range(n)]
+    return spark.createDataFrame(rows, schema), big
+
+
+def test_bin_shards_vectors_arrays_and_exact_int64(spark, shard_sum_bin):
+    n = 40
+    df, big = _ml_frame(spark, n)
+    df = df.drop("name")  # the bin layout takes numbers, vectors and arrays
+    runs = {
+        "id": ["--expect-int-sum", str(n * big + n * (n - 1) // 2)],  # exact, any rounding fails
+        "features": ["--expect-sum", repr(sum(i * 0.5 + (1.0 if i % 2 else 0.0) - i
+                                              for i in range(n)))],
+    }  # the arr column, and every cell exactly: test_a_function_reads_its_bin_shard
+    for column, expect in runs.items():
+        result = kolo_spark.run(spark, 2, shard_sum_bin, [column, "--expect-rows", str(n), *expect],
+                                env=ENV, df=df, data_format="bin", collect_output="all",
+                                stream_logs=False)
+        _check_shards(result, n)
+        if column == "id":
+            assert f"int64 sum={n * big + n * (n - 1) // 2}" in result.ranks[0].output
+
+
+def test_csv_shards_keep_strings_and_exact_int64(spark, shard_sum_bin):
+    n = 40
+    df, big = _ml_frame(spark, n)
+    # The shard has a string column ("name, i": quoted) and a vector column: the C++ reader
+    # keeps them as text and cells, and the int64 column stays exact.
+    for column, expect in (("id", ["--expect-int-sum", str(n * big + n * (n - 1) // 2)]),):
+        result = kolo_spark.run(spark, 2, shard_sum_bin, [column, "--expect-rows", str(n), *expect],
+                                env=ENV, df=df, collect_output="all", stream_logs=False)
+        _check_shards(result, n)
+        if column == "id":
+            assert f"int64 sum={n * big + n * (n - 1) // 2}" in result.ranks[1].output
+
+
+def _read_my_shard():
+    import os
+
+    import kolo_spark.data as data
+
+    columns, types, widths, rows = data.read_bin(os.environ["KOLO_DATA_FILE"])
+    return columns, types, widths, rows, os.environ["KOLO_DATA_TYPES"]
+
+
+def test_a_function_reads_its_bin_shard(spark):
+    n = 12
+    df, big = _ml_frame(spark, n)
+    df = df.drop("name").repartition(3)
+    parts = df.rdd.glom().collect()
+    shards = kolo_spark.run(spark, 3, _read_my_shard, df=df, data_format="bin", stream_logs=False)
+    for (columns, types, widths, rows, env_types), part in zip(shards, parts):
+        assert columns == ["id", "features", "arr", "x"]
+        assert types == ["int64", "vector", "vector", "float64"] and widths == [1, 3, 2, 1]
+        assert env_types == "int64,vector,vector,float64"
+        assert rows == [[r.id, *r.features.toArray().tolist(), *r.arr, r.x] for r in part]
+        assert all(isinstance(row[0], int) and row[0] >= big for row in rows)  # exact ints
+
+
+def test_a_rank_that_never_reaches_the_rendezvous_is_named(spark, demo_bin):
+    # Rank 2 hangs before it creates its communicator: the ranks that give up name it, not
+    # only the store key they waited on.
+    script = 'if [ "$KOLO_RANK" = 2 ]; then exec sleep 60; fi; exec "$0" "$@"'
+    with pytest.raises(kolo_spark.RankFailedError) as caught:
+        kolo_spark.run(spark, 4, ["sh", "-c", script, demo_bin], ["1000"],
+                       env={"KOLO_TIMEOUT_SECONDS": "3"}, stream_logs=False, kill_grace=0.5)
+    assert caught.value.rank != 2
+    assert "rank 2 (of 4) did not reach the rendezvous ('hostkey')" in str(caught.value)

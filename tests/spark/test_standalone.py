@@ -10,6 +10,7 @@ Everything started here is stopped at the end (process groups killed, checked by
 
 import os
 import re
+import threading
 import signal
 import subprocess
 import sys
@@ -163,10 +164,11 @@ def spark(cluster):
 
 def test_two_hosts_distinct_gpus_and_right_ranks(spark, demo_bin):
     # The program prints what it got, then execs the demo (which keeps the inherited fds).
-    script = 'echo "devices=$KOLO_DEVICES host=$KOLO_HOST_KEY"; exec "$0" "$@"'
+    script = ('echo "devices=$KOLO_DEVICES host=$KOLO_HOST_KEY"; '
+              'echo "cuda=$CUDA_VISIBLE_DEVICES/$KOLO_CUDA_DEVICE"; exec "$0" "$@"')
     result = kolo_spark.run(spark, 4, ["sh", "-c", script, demo_bin], ["65537"], env=ENV,
                             host_key="executor", collect_output="all", echo=False,
-                            start_timeout=120)
+                            start_timeout=120, stream_logs=False)
     assert result.exit_codes == [0, 0, 0, 0]
     devices = [r.devices for r in result.ranks]
     assert all(len(d) == 1 for d in devices), devices
@@ -179,6 +181,8 @@ def test_two_hosts_distinct_gpus_and_right_ranks(spark, demo_bin):
         # what the native process saw
         m = re.search(r"devices=(\S*) host=(\S+)", r.output)
         assert m and m.group(1) == ",".join(r.devices) and m.group(2) == r.host, r.output
+        # native programs get CUDA_VISIBLE_DEVICES from Spark's assignment too
+        assert f"cuda={r.devices[0]}/0" in r.output.splitlines()
     # worker 1 owns GPUs 0,1 and worker 2 GPUs 2,3: a host's ranks hold one worker's ids
     for ranks in by_host.values():
         assert {int(x.devices[0]) // 2 for x in ranks} in ({0}, {1})
@@ -216,3 +220,74 @@ def test_rank_failure_on_a_cluster(spark, demo_bin, tmp_path):
         with open(tmp_path / f"pid.{r}") as f:
             pids.append(int(f.read()))
     assert [p for p in pids if not process_gone(p)] == []
+
+
+# --- Python functions on the cluster ---
+from pyspark import cloudpickle  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _gpu_view(x):
+    import os
+
+    import kolo_spark
+
+    env = os.environ
+    return {"rank": int(env["RANK"]), "x": x, "devices": kolo_spark.get_available_devices(),
+            "cuda": env.get("CUDA_VISIBLE_DEVICES"), "cuda_device": env.get("KOLO_CUDA_DEVICE"),
+            "local": (int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])),
+            "group": int(env["GROUP_RANK"]), "context": kolo_spark.rank_context().devices}
+
+
+def test_functions_on_a_cluster_see_their_gpus(spark):
+    values = kolo_spark.run(spark, 4, _gpu_view, args=("x",), host_key="executor",
+                            stream_logs=False)
+    assert [v["rank"] for v in values] == [0, 1, 2, 3] and {v["x"] for v in values} == {"x"}
+    assert sorted(d for v in values for d in v["devices"]) == ["0", "1", "2", "3"]
+    for v, r in zip(values, values.ranks):
+        assert v["devices"] == list(r.devices) and v["context"] == r.devices
+        assert v["cuda"] == ",".join(r.devices) and v["cuda_device"] == "0"
+        assert v["local"] == (r.local_rank, r.local_size) and v["group"] == r.cross_rank
+
+
+def _sleep_on_the_cluster(directory):
+    import os
+    import subprocess
+    import time
+
+    rank = os.environ["RANK"]
+    subprocess.Popen(["setsid", "sleep", f"3600.{7300 + int(rank)}"])
+    time.sleep(0.2)
+    with open(os.path.join(directory, f"pid.{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_ctrl_c_cancels_a_cluster_job_and_every_rank(spark, tmp_path):
+    def interrupt():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(os.listdir(tmp_path)) < 4:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    t = threading.Thread(target=interrupt, daemon=True)
+    t.start()
+    with pytest.raises(KeyboardInterrupt):
+        kolo_spark.run(spark, 4, _sleep_on_the_cluster, args=(str(tmp_path),),
+                       host_key="executor", stream_logs=False)
+    t.join(5)
+    pids = []
+    for r in range(4):
+        with open(tmp_path / f"pid.{r}") as f:
+            pids.append(int(f.read()))
+    daemons = subprocess.run(["pgrep", "-f", "sleep 3600.73"], capture_output=True, text=True)
+    left = [p for p in pids if not process_gone(p)] + [int(p) for p in daemons.stdout.split()]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert left == []
+    sc = spark.sparkContext
+    deadline = time.monotonic() + 10
+    while sc.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sc.statusTracker().getActiveJobsIds() == []

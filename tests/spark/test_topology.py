@@ -112,7 +112,7 @@ def test_rendezvous_calls_all_gather_once():
     assert fake.calls == 1
     assert layout(topo) == [(0, 0, 2, 0, 2), (1, 1, 2, 0, 2), (2, 0, 2, 1, 2), (3, 1, 2, 1, 2)]
     msg = json.loads(others[3].to_message())
-    assert set(msg) == {"rank", "host", "ip", "port", "gpus", "error"}
+    assert set(msg) == {"rank", "host", "ip", "port", "gpus", "error", "torch_port"}
 
 
 def test_build_env_contract_and_no_mutation():
@@ -158,6 +158,10 @@ def test_driver_checks_as_pure_functions():
     assert check_conf({}, None) == []
     [p] = check_conf({"spark.dynamicAllocation.enabled": "true"}, None)
     assert "spark.dynamicAllocation.enabled=true" in p
+    [p] = check_conf({"spark.dynamicAllocation.enabled": "true"}, None, "spark://h:7077")
+    assert "spark.dynamicAllocation.enabled=false" in p  # says what to do
+    # local masters ignore dynamic allocation (and so does Spark's own barrier check)
+    assert check_conf({"spark.dynamicAllocation.enabled": "true"}, None, "local[4]") == []
     [p] = check_conf({}, True)
     assert "spark.task.resource.gpu.amount is not set" in p
     [p] = check_conf({"spark.executor.resource.gpu.amount": "2"}, None)
@@ -168,3 +172,8 @@ def test_driver_checks_as_pure_functions():
     assert slots_problem(4, 4, "local[4]", {}) is None
     msg = slots_problem(5, 4, "local[4]", {})
     assert "num_proc=5" in msg and "only 4 task slots" in msg
+    assert "master local[5]" in msg
+    # local[4] with 2 cpus per task: 2 slots; the advice is not the master already in use
+    msg = slots_problem(4, 2, "local[4]", {"spark.task.cpus": "2"})
+    assert "only 2 task slots" in msg and "local[8]" in msg and "spark.task.cpus=1" in msg
+    assert "master local[4])" not in msg

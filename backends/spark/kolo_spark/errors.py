@@ -76,3 +76,75 @@ class RankFailedError(KoloSparkError):
 class SetupError(KoloSparkError):
     """A rank failed before its native process was launched (e.g. writing its data shard).
     Every rank sees it through the allGather, so all of them stop instead of waiting."""
+
+
+class RankFunctionError(RankFailedError):
+    """A rank's Python function failed (``run(spark, n, fn, ...)``).
+
+    ``reason``: ``"raise"`` (the function raised), ``"unpickle"`` (the function or its arguments
+    could not be loaded in the rank's interpreter, typically a module the executors lack),
+    ``"result"`` (the return value cannot be pickled), ``"too_large"`` (see
+    :class:`ResultTooLargeError`). Attributes besides RankFailedError's: ``exc_type`` (qualified
+    name of the remote exception), ``exc_message``, ``remote_traceback`` (its text), ``module``
+    (the missing module, for ``"unpickle"``)."""
+
+    def __init__(self, rank: int, record: dict, output_tail: str = "", host: str = "",
+                 exit_code: Optional[int] = 1):
+        self.record = dict(record)
+        self.exc_type = self.record.get("type", "")
+        self.exc_message = self.record.get("message", "")
+        self.remote_traceback = self.record.get("traceback", "")
+        self.module = self.record.get("module")
+        super().__init__(rank, exit_code, output_tail, host, self.record.get("kind", "raise"))
+
+    def _message(self) -> str:
+        r = self.rank
+        where = f" on host '{self.host}'" if self.host else ""
+        what = f"{self.exc_type}: {self.exc_message}" if self.exc_message else self.exc_type
+        if self.reason == "unpickle":
+            text = (f"kolo_spark: rank {r} could not load the function in its Python process"
+                    f"{where}: {what}")
+            if self.module:
+                top = self.module.split(".")[0]
+                text += (f". The function or its arguments refer to module '{self.module}', "
+                         "which the rank's Python cannot import: install it on the executors, "
+                         "ship it with spark.sparkContext.addPyFile(...), or have cloudpickle "
+                         f"pickle it by value (cloudpickle.register_pickle_by_value({top}))")
+        elif self.reason == "result":
+            text = f"kolo_spark: rank {r}'s return value cannot be pickled{where}: {what}"
+        elif self.reason == "too_large":
+            text = (f"kolo_spark: rank {r}'s return value ({self.record.get('type', '?')}) is "
+                    f"{self.record.get('size', 0):,} bytes pickled, over the limit of "
+                    f"{self.record.get('limit', 0):,} bytes (max_result_bytes){where}: return "
+                    "less (write large outputs to shared storage and return their paths), or "
+                    "raise max_result_bytes and spark.driver.maxResultSize, which bounds the "
+                    "results of all ranks together")
+        else:
+            text = f"kolo_spark: rank {r} raised {what}{where}"
+        if self.remote_traceback and self.reason != "too_large":
+            text += f"\n--- traceback of rank {r} ---\n{self.remote_traceback.rstrip()}"
+        tail = "\n".join(self.output_tail.rstrip("\n").splitlines()[-20:])
+        if tail:
+            text += f"\n--- last lines of rank {r}'s output ---\n{tail}"
+        return text
+
+    def __reduce__(self):
+        return (type(self), (self.rank, self.record, self.output_tail, self.host, self.exit_code))
+
+
+class ResultTooLargeError(RankFunctionError):
+    """A rank's return value is larger (pickled) than ``max_result_bytes``: ``size``, ``limit``."""
+
+    @property
+    def size(self) -> int:
+        return int(self.record.get("size", 0))
+
+    @property
+    def limit(self) -> int:
+        return int(self.record.get("limit", 0))
+
+
+def function_error(rank: int, record: dict, output_tail: str = "", host: str = "",
+                   exit_code: Optional[int] = 1) -> RankFunctionError:
+    cls = ResultTooLargeError if record.get("kind") == "too_large" else RankFunctionError
+    return cls(rank, record, output_tail, host, exit_code)

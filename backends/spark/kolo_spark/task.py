@@ -1,9 +1,11 @@
 """What runs inside each barrier task (and, for ``local_mode``, the same pieces on the driver).
 
-docs/spark.md: bind a listening socket and keep it, one ``allGather`` of
-{rank, host key, ip, port, gpus}, local/cross ranks computed from it, then the native binary
-with the environment contract, in its own process group, its output streamed and its tail kept.
-A failure becomes an exception that fails the Spark stage and that the driver turns back into a
+docs/spark.md: bind a listening socket and keep it (rank 0 also reserves torch's MASTER_PORT),
+one ``allGather`` of {rank, host key, ip, port, gpus}, local/cross ranks computed from it, then
+the rank under its supervisor with the environment contract: a native program, or a fresh
+Python interpreter running the job's function (:mod:`kolo_spark.fnrank`). Its output is echoed
+into the executor log, streamed to the driver's hub, and its tail kept. A failure becomes an
+exception that fails the Spark stage and that the driver turns back into a
 :class:`~kolo_spark.errors.RankFailedError` (the payload rides in the exception text).
 """
 
@@ -15,25 +17,36 @@ import os
 import re
 import shutil
 import socket
+import sys
+import sysconfig
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import data as data_mod
-from .errors import (ConfigurationError, KoloSparkError, RankFailedError, SetupError,
-                     StartTimeoutError)
 from . import liveness
-from .process import NativeProcess
+from . import timeline as tl
+from .errors import (ConfigurationError, KoloSparkError, RankFailedError, RankFunctionError,
+                     SetupError, StartTimeoutError, function_error)
+from .process import NativeProcess, StartError
 from .topology import RankTopology, TaskInfo, peers_string, rendezvous
+
+# argv[0] of a command that is "the executor's Python" (scripts given to Distributor.run)
+PYTHON = "<kolo_spark:python>"
 
 # Variables kolo_spark sets for every rank: env= may not set them.
 CONTRACT_VARS = ("KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE",
                  "KOLO_CROSS_RANK", "KOLO_CROSS_SIZE", "KOLO_PEERS", "KOLO_LISTEN_FD",
                  "KOLO_SECRET", "KOLO_HOST_KEY", "KOLO_DEVICES", "KOLO_DATA_FILE",
-                 "KOLO_DATA_FORMAT", "KOLO_DATA_ROWS", "KOLO_DATA_COLUMNS")
+                 "KOLO_DATA_FORMAT", "KOLO_DATA_ROWS", "KOLO_DATA_COLUMNS", "KOLO_DATA_TYPES")
+# torchrun's contract, set for every rank too (init_process_group() needs no arguments).
+TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                 "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                 "ROLE_WORLD_SIZE")
 # Inherited from the worker's environment they would belong to some other job: dropped
 # (KOLO_STORE would take precedence over KOLO_PEERS; KOLO_ADDR over the address we gathered).
-_DROPPED = CONTRACT_VARS + ("KOLO_STORE", "KOLO_ADDR")
+_DROPPED = CONTRACT_VARS + TORCHRUN_VARS + ("KOLO_STORE", "KOLO_ADDR", "KOLO_TIMELINE")
 
 HostKey = Union[str, Callable[..., str]]
 
@@ -50,9 +63,13 @@ def default_host_key() -> str:
 
 def build_env(base: Mapping[str, str], user_env: Optional[Mapping[str, str]],
               topo: RankTopology, peers: str, secret: str, listen_fd: int,
-              data: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+              data: Optional[Mapping[str, str]] = None, *, master: Optional[Tuple[str, int]] = None
+              ) -> Dict[str, str]:
     """The child's environment: ``base`` (the worker's, copied) without stale contract
-    variables, then ``user_env``, then the contract. ``base`` is never modified."""
+    variables, then ``user_env``, then the contract: kolo's, and torchrun's when ``master``
+    (rank 0's address and the port reserved for torch's store) is given. A rank with GPUs gets
+    ``CUDA_VISIBLE_DEVICES`` (Spark's assignment) and ``KOLO_CUDA_DEVICE=0`` (the first of them,
+    as numbered inside the process) unless ``user_env`` sets that. ``base`` is never modified."""
     env = {k: v for k, v in base.items() if k not in _DROPPED}
     for k, v in (user_env or {}).items():
         env[str(k)] = str(v)
@@ -68,11 +85,71 @@ def build_env(base: Mapping[str, str], user_env: Optional[Mapping[str, str]],
         "KOLO_SECRET": secret,
         "KOLO_HOST_KEY": topo.host,
     })
+    if master is not None:
+        env.update({
+            "MASTER_ADDR": master[0],
+            "MASTER_PORT": str(master[1]),
+            "RANK": str(topo.rank),
+            "WORLD_SIZE": str(topo.size),
+            "LOCAL_RANK": str(topo.local_rank),
+            "LOCAL_WORLD_SIZE": str(topo.local_size),
+            "GROUP_RANK": str(topo.cross_rank),
+            "GROUP_WORLD_SIZE": str(topo.cross_size),
+            "ROLE_RANK": str(topo.rank),
+            "ROLE_WORLD_SIZE": str(topo.size),
+        })
     if topo.gpus:
         env["KOLO_DEVICES"] = ",".join(topo.gpus)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(topo.gpus)
+        if "KOLO_CUDA_DEVICE" not in (user_env or {}):
+            env["KOLO_CUDA_DEVICE"] = "0"
     if data:
         env.update(data)
     return env
+
+
+def reserve_port(bind_host: str = "0.0.0.0") -> socket.socket:
+    """A port for torch's TCPStore on rank 0 (MASTER_PORT), held until the rank ends.
+
+    The socket is bound with SO_REUSEADDR but never listens: while it exists the kernel gives
+    the port to no other bind(port 0) and no outgoing connection, and nobody without
+    SO_REUSEADDR can bind it; torch's store, which sets SO_REUSEADDR, can (Linux allows a
+    second SO_REUSEADDR bind while no socket listens on the port)."""
+    s = socket.socket(socket.AF_INET6 if ":" in bind_host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((bind_host, 0))
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def python_path() -> str:
+    """PYTHONPATH for a function rank: this interpreter's sys.path minus what every interpreter
+    has anyway (the standard library, site-packages), so the rank imports what the Python
+    worker (or the driver) imports: pyspark, files added with sc.addPyFile, kolo_spark."""
+    standard = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            standard.add(os.path.normpath(p))
+    try:
+        import site
+        standard.update(os.path.normpath(p) for p in site.getsitepackages())
+    except (AttributeError, ImportError):
+        pass
+    out = []
+    for p in sys.path:
+        p = os.path.normpath(os.path.abspath(p or os.getcwd()))
+        if p in standard or p in out or p.endswith("lib-dynload") or \
+                re.search(r"python\d+\.zip$", p):
+            continue
+        out.append(p)
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if parent not in out:
+        out.insert(0, parent)
+    return os.pathsep.join(out)
 
 
 def listen_socket(bind_host: str = "0.0.0.0") -> socket.socket:
@@ -120,7 +197,10 @@ class TaskFailure(Exception):
 
 
 def raise_task_failure(error: KoloSparkError) -> None:
-    if isinstance(error, RankFailedError):
+    if isinstance(error, RankFunctionError):
+        payload = {"type": "fn", "rank": error.rank, "record": error.record,
+                   "tail": error.output_tail, "host": error.host, "exit_code": error.exit_code}
+    elif isinstance(error, RankFailedError):
         payload = {"type": "rank", "rank": error.rank, "exit_code": error.exit_code,
                    "tail": error.output_tail, "host": error.host, "reason": error.reason,
                    "detail": error.detail}
@@ -141,6 +221,9 @@ def error_from_text(text: str) -> Optional[KoloSparkError]:
         p = json.loads(base64.b64decode(m.group(1)))
     except ValueError:
         return None
+    if p.get("type") == "fn":
+        return function_error(p["rank"], p.get("record") or {}, p.get("tail", ""),
+                              p.get("host", ""), p.get("exit_code", 1))
     if p.get("type") == "rank":
         return RankFailedError(p["rank"], p["exit_code"], p.get("tail", ""), p.get("host", ""),
                                p.get("reason", "exit"), p.get("detail", ""))
@@ -167,8 +250,16 @@ class TaskSpec:
     bind_host: str = "0.0.0.0"
     data_format: Optional[str] = None  # None: no DataFrame
     data_columns: Tuple[str, ...] = ()
+    data_types: Tuple[str, ...] = ()  # per column: the layouts' type names (data.py)
     data_dir: Optional[str] = None
-    liveness: Optional[Tuple[str, int]] = None  # the driver's LivenessServer
+    liveness: Optional[Tuple[str, int]] = None  # the driver's hub
+    fn_payload: Optional[bytes] = None  # cloudpickled (fn, args, kwargs): a function rank
+    pickler: str = "pyspark"  # which cloudpickle made fn_payload: "pyspark" or "cloudpickle"
+    max_result_bytes: int = 0
+    timeline: bool = False
+    stream_logs: bool = True
+    log_lines_per_second: float = 100.0
+    log_line_bytes: int = 2048
 
 
 def _host_key_of(spec: TaskSpec, ctx, rank: int) -> str:
@@ -188,94 +279,210 @@ def _task_gpus(ctx) -> Tuple[str, ...]:
     return tuple(str(a) for a in res.addresses) if res is not None else ()
 
 
-def _data_dir(spec: TaskSpec, rank: int) -> str:
-    parent = spec.data_dir
+def scratch_dir(parent: Optional[str], rank: int) -> str:
+    """A private directory for one rank's files (shard, function, result, timeline)."""
     if not parent:
         local_dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
         parent = local_dirs.split(",")[0] if local_dirs else None
     return tempfile.mkdtemp(prefix=f"kolo-spark-r{rank}-", dir=parent)
 
 
+@dataclass
+class RankRun:
+    """One rank's outcome: its result dict, and for a function the pickled return value."""
+
+    result: dict
+    value: Optional[bytes] = None
+    events: List[dict] = field(default_factory=list)
+
+
+class RankLaunch:
+    """How one rank is started (argv, environment, its files in ``workdir``) and how its
+    outcome is read back once its process has ended."""
+
+    def __init__(self, spec: TaskSpec, topology: List[RankTopology], rank: int, listen_fd: int,
+                 data: Optional[Mapping[str, str]], workdir: str,
+                 base_env: Optional[Mapping[str, str]] = None,
+                 python_path_value: Optional[str] = None):
+        self.spec, self.rank, self.me, self.data = spec, rank, topology[rank], data
+        master = (topology[0].ip, topology[0].torch_port) if topology[0].torch_port else None
+        self.env = build_env(os.environ if base_env is None else base_env, spec.env, self.me,
+                             peers_string(topology), spec.secret, listen_fd, data, master=master)
+        self.engine_file = os.path.join(workdir, "engine-timeline.json")
+        self.result_path = os.path.join(workdir, "result.pickle")
+        self.trace_path = os.path.join(workdir, "fn-timeline.json")
+        if spec.timeline:
+            self.env["KOLO_TIMELINE"] = self.engine_file
+        self.argv = [(sys.executable or "python3") if a == PYTHON and i == 0 else a
+                     for i, a in enumerate(spec.argv)]
+        self.what = spec.argv[0]
+        if spec.fn_payload is not None:
+            fn_path = os.path.join(workdir, "function.pickle")
+            with open(fn_path, "wb") as f:
+                f.write(spec.fn_payload)
+            self.env.update({"KOLO_SPARK_FN": fn_path, "KOLO_SPARK_RESULT": self.result_path,
+                             "KOLO_SPARK_MAX_RESULT": str(spec.max_result_bytes),
+                             "PYTHONPATH": python_path_value or python_path(),
+                             "PYTHONUNBUFFERED": "1", "KOLO_SPARK_PICKLER": spec.pickler})
+            if spec.timeline:
+                self.env["KOLO_SPARK_TRACE"] = self.trace_path
+            self.argv = [sys.executable or "python3", "-m", "kolo_spark.fnrank"]
+            self.what = "python (function rank)"
+
+    def process(self, pass_fds: Sequence[int], hold_fds: Sequence[int], label: str,
+                on_line: Optional[Callable[[str], None]], echo: Optional[bool] = None
+                ) -> NativeProcess:
+        if self.spec.fn_payload is not None:
+            self.env["KOLO_SPARK_LAUNCHED"] = repr(time.time())
+        return NativeProcess(self.argv, self.env, pass_fds=pass_fds, hold_fds=hold_fds,
+                             label=label, echo=self.spec.echo if echo is None else echo,
+                             tail_lines=self.spec.tail_lines, on_line=on_line,
+                             kill_grace=self.spec.kill_grace)
+
+    def start_error(self, e: OSError) -> RankFailedError:
+        return RankFailedError(self.rank, None, "", self.me.host, "start",
+                               f"{self.what}: {e.strerror or e}")
+
+    def timeout_error(self, proc: NativeProcess) -> RankFailedError:
+        return RankFailedError(self.rank, proc.returncode, proc.output_tail(), self.me.host,
+                               "timeout", f"timeout={self.spec.timeout:g}s")
+
+    def events(self, proc: NativeProcess) -> List[dict]:
+        """This rank's timeline events from its process (and, with a timeline, its files)."""
+        if not proc.started_at:
+            return []
+        out = [tl.complete("rank process", proc.started_at * 1e6,
+                           (proc.ended_at or time.time()) * 1e6, tl.KOLO_TID,
+                           pid=proc.rank_pid, exit=proc.returncode)]
+        if self.spec.timeline:
+            out.extend(tl.read_events(self.trace_path))
+            out.extend(tl.engine_events(self.engine_file, proc.started_at * 1e6))
+        return out
+
+    def outcome(self, proc: NativeProcess) -> "RankRun":
+        """The ended process's RankRun; raises RankFailedError (RankFunctionError) for a
+        failure."""
+        if proc.returncode != 0:
+            err_path = self.result_path + ".error"
+            if self.spec.fn_payload is not None and os.path.exists(err_path):
+                with open(err_path) as f:
+                    record = json.load(f)
+                raise function_error(self.rank, record, proc.output_tail(), self.me.host,
+                                     proc.returncode)
+            raise RankFailedError(self.rank, proc.returncode, proc.output_tail(), self.me.host)
+        value = None
+        if self.spec.fn_payload is not None:
+            with open(self.result_path, "rb") as f:
+                value = f.read()
+        return RankRun(result_of(self.spec, self.me, proc.returncode, proc.output_tail(),
+                                 self.data, leftovers=proc.leftovers), value)
+
+
 def run_rank(spec: TaskSpec, topology: List[RankTopology], rank: int, listener: socket.socket,
-             data: Optional[Mapping[str, str]], *, base_env: Optional[Mapping[str, str]] = None,
-             label: Optional[str] = None, extra_fds: Sequence[int] = ()) -> dict:
-    """Launches rank ``rank``'s native process, waits for it and returns its result dict;
-    raises RankFailedError for a failure. The process group is gone when this returns."""
-    me = topology[rank]
-    env = build_env(os.environ if base_env is None else base_env, spec.env, me,
-                    peers_string(topology), spec.secret, listener.fileno(), data)
-    proc = NativeProcess(spec.argv, env, pass_fds=(listener.fileno(), *extra_fds),
-                         label=label or f"kolo rank {rank}", echo=spec.echo,
-                         tail_lines=spec.tail_lines)
+             data: Optional[Mapping[str, str]], workdir: str, *,
+             hub: Optional["liveness.HubClient"] = None, events: Optional[List[dict]] = None
+             ) -> RankRun:
+    """Launches rank ``rank`` (a native program or ``spec``'s function) under its supervisor,
+    waits for it and returns its RankRun; raises RankFailedError for a failure. Every process
+    of the rank is gone when this returns. ``listener`` is closed here (the rank holds it)."""
+    launch = RankLaunch(spec, topology, rank, listener.fileno(), data, workdir)
+    on_line = hub.line if hub is not None and spec.stream_logs else None
+    hold = (hub.fileno(),) if hub is not None else ()
+    proc = launch.process((listener.fileno(), *hold), hold, f"kolo rank {rank}", on_line)
     try:
         try:
             proc.start()
-        except OSError as e:
-            raise RankFailedError(rank, None, "", me.host, "start",
-                                  f"{spec.argv[0]}: {e.strerror or e}") from None
-        listener.close()  # the child holds it now
+        except StartError as e:
+            raise launch.start_error(e) from None
+        finally:
+            listener.close()  # the rank holds it now
         code = proc.wait(timeout=spec.timeout)
         if code is None and proc.timed_out:
-            proc.terminate(spec.kill_grace)
-            raise RankFailedError(rank, proc.returncode, proc.output_tail(), me.host, "timeout",
-                                  f"timeout={spec.timeout:g}s")
+            proc.terminate()
+            raise launch.timeout_error(proc)
     finally:
-        proc.terminate(spec.kill_grace)
-    if proc.returncode != 0:
-        raise RankFailedError(rank, proc.returncode, proc.output_tail(), me.host)
-    return result_of(spec, me, proc.returncode, proc.output_tail(), data)
+        proc.terminate()
+        if events is not None:
+            events.extend(launch.events(proc))
+    return launch.outcome(proc)
 
 
 def result_of(spec: TaskSpec, me: RankTopology, exit_code: int, tail: str,
-              data: Optional[Mapping[str, str]]) -> dict:
+              data: Optional[Mapping[str, str]], leftovers: Sequence[dict] = ()) -> dict:
     keep = spec.collect_output == "all" or me.rank == 0
     return {"rank": me.rank, "exit_code": exit_code, "host": me.host, "ip": me.ip,
             "port": me.port, "local_rank": me.local_rank, "local_size": me.local_size,
             "cross_rank": me.cross_rank, "cross_size": me.cross_size, "devices": list(me.gpus),
             "data_rows": int(data["KOLO_DATA_ROWS"]) if data else None,
-            "output": tail if keep else ""}
+            "output": tail if keep else "", "leftovers": list(leftovers)}
 
 
 def barrier_partition(spec: TaskSpec, iterator):
-    """The function each barrier task runs (``rdd.barrier().mapPartitions``)."""
+    """The function each barrier task runs (``rdd.barrier().mapPartitions``). Yields one
+    ``(result JSON, pickled return value or None)``."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()
+    task_start = tl.now_us()
+    events: List[dict] = []
     listener = None
-    alive = None
-    shard_dir = None
+    reserved = None
+    hub = None
+    workdir = None
     data = None
     host, ip, port, gpus, error = "", "", 0, (), ""
     try:
         try:
             listener = listen_socket(spec.bind_host)
             port = listener.getsockname()[1]
+            if rank == 0:
+                reserved = reserve_port(spec.bind_host)
             host = _host_key_of(spec, ctx, rank)
             ip = advertise_ip(spec.driver_host)
             gpus = _task_gpus(ctx)
+            workdir = scratch_dir(spec.data_dir, rank)
             if spec.data_format:
-                shard_dir = _data_dir(spec, rank)
-                path = os.path.join(shard_dir, data_mod.shard_file_name(rank, spec.data_format))
-                rows = data_mod.write_rows(iterator, path, spec.data_format, spec.data_columns)
-                data = data_mod.data_env(path, spec.data_format, rows, spec.data_columns)
+                t0 = tl.now_us()
+                path = os.path.join(workdir, data_mod.shard_file_name(rank, spec.data_format))
+                rows = data_mod.write_rows(iterator, path, spec.data_format, spec.data_columns,
+                                           spec.data_types)
+                data = data_mod.data_env(path, spec.data_format, rows, spec.data_columns,
+                                         spec.data_types)
+                events.append(tl.complete("write data shard", t0, tl.now_us(), tl.KOLO_TID,
+                                          rows=rows))
         except Exception as e:  # reported through the allGather so that every rank stops
             error = f"{type(e).__name__}: {e}"
         try:
-            topology = rendezvous(ctx.allGather, TaskInfo(rank, host, ip, port, gpus, error))
+            t0 = tl.now_us()
+            torch_port = reserved.getsockname()[1] if reserved is not None else 0
+            topology = rendezvous(ctx.allGather,
+                                  TaskInfo(rank, host, ip, port, gpus, error, torch_port))
+            events.append(tl.complete("rendezvous", t0, tl.now_us(), tl.KOLO_TID))
             if len(topology) != spec.num_proc:
                 raise ConfigurationError(f"kolo_spark: {len(topology)} tasks met in the barrier "
                                          f"but num_proc={spec.num_proc}")
-            alive = liveness.connect(spec.liveness, spec.secret, rank)
-            result = run_rank(spec, topology, rank, listener, data,
-                              extra_fds=(alive.fileno(),) if alive else ())
+            hub = liveness.connect(spec.liveness, spec.secret, rank,
+                                   lines_per_second=spec.log_lines_per_second,
+                                   line_bytes=spec.log_line_bytes)
+            try:
+                run = run_rank(spec, topology, rank, listener, data, workdir, hub=hub,
+                               events=events)
+            finally:
+                listener = None  # closed by run_rank
+                if hub is not None and spec.timeline:
+                    events.append(tl.complete("barrier task", task_start, tl.now_us(),
+                                              tl.KOLO_TID))
+                    hub.trace(events)
         except KoloSparkError as e:
             raise_task_failure(e)
-        yield json.dumps(result)
+        yield (json.dumps(run.result), run.value)
     finally:
         if listener is not None:
             listener.close()
-        if alive is not None:
-            alive.close()
-        if shard_dir:
-            shutil.rmtree(shard_dir, ignore_errors=True)
+        if reserved is not None:
+            reserved.close()
+        if hub is not None:
+            hub.close()
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)

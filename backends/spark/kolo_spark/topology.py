@@ -30,11 +30,12 @@ class TaskInfo:
     port: int  # port of the listening socket the task keeps open for its native process
     gpus: Tuple[str, ...] = ()
     error: str = ""  # a failure before the rendezvous, so that every rank stops
+    torch_port: int = 0  # rank 0: the port reserved for torch's TCPStore (MASTER_PORT)
 
     def to_message(self) -> str:
         return json.dumps({"rank": self.rank, "host": self.host, "ip": self.ip,
-                           "port": self.port, "gpus": list(self.gpus), "error": self.error},
-                          sort_keys=True)
+                           "port": self.port, "gpus": list(self.gpus), "error": self.error,
+                           "torch_port": self.torch_port}, sort_keys=True)
 
     @staticmethod
     def from_message(message: str) -> "TaskInfo":
@@ -42,7 +43,8 @@ class TaskInfo:
             d = json.loads(message)
             return TaskInfo(rank=int(d["rank"]), host=str(d["host"]), ip=str(d["ip"]),
                             port=int(d["port"]), gpus=tuple(str(g) for g in d.get("gpus", ())),
-                            error=str(d.get("error", "")))
+                            error=str(d.get("error", "")),
+                            torch_port=int(d.get("torch_port", 0) or 0))
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigurationError(f"kolo_spark: malformed rendezvous message {message!r}: {e}")
 
@@ -61,6 +63,7 @@ class RankTopology:
     ip: str
     port: int
     gpus: Tuple[str, ...] = field(default=())
+    torch_port: int = 0  # what this task reserved for torch's TCPStore (rank 0 only)
 
     @property
     def address(self) -> str:
@@ -133,7 +136,7 @@ def compute_topology(infos: Sequence[TaskInfo]) -> List[RankTopology]:
         RankTopology(rank=i.rank, size=size, local_rank=members[i.host].index(i.rank),
                      local_size=len(members[i.host]), cross_rank=cross[i.host],
                      cross_size=len(host_order), host=i.host, ip=i.ip, port=i.port,
-                     gpus=tuple(i.gpus))
+                     gpus=tuple(i.gpus), torch_port=i.torch_port)
         for i in by_rank
     ]
 

@@ -52,6 +52,7 @@ enum class Section : unsigned char {
   spark,
   launcher,  // read by kolo-run
   build,     // read when building kolo_torch (pip install backends/torch)
+  internal,  // set by kolo_spark for its own processes; not for users
 };
 
 // Who reads it (the sweep calls that reader; `none` is exported by a launcher for programs,
@@ -479,7 +480,7 @@ inline constexpr Var data_format{"KOLO_DATA_FORMAT",
                                  "the file's suffix",
                                  "layout of the shard",
                                  {},
-                                 "csv, f64",
+                                 "csv, f64, bin",
                                  true};
 inline constexpr Var data_rows{"KOLO_DATA_ROWS",
                                Kind::integer,
@@ -500,6 +501,18 @@ inline constexpr Var data_columns{"KOLO_DATA_COLUMNS",
                                   {},
                                   {},
                                   true};
+inline constexpr Var data_types{"KOLO_DATA_TYPES",
+                                Kind::text,
+                                Section::spark,
+                                Reader::spark_data,
+                                0,
+                                0,
+                                "inferred from the cells",
+                                "comma-separated types of a csv shard's columns (`float64`, "
+                                "`int64`, `string`, `vector:N`)",
+                                {},
+                                {},
+                                true};
 
 // ---- kolo-run ----
 inline constexpr Var run_ssh{"KOLO_RUN_SSH",
@@ -539,6 +552,57 @@ inline constexpr Var torch_python{"KOLO_TORCH_PYTHON",
                                   {},
                                   {},
                                   true};
+
+// ---- set by kolo_spark for its function ranks (removed from the environment on start) ----
+inline constexpr Var spark_fn{"KOLO_SPARK_FN",
+                              Kind::text,
+                              Section::internal,
+                              Reader::none,
+                              0,
+                              0,
+                              "-",
+                              "path of the pickled function a function rank runs"};
+inline constexpr Var spark_result{"KOLO_SPARK_RESULT",
+                                  Kind::text,
+                                  Section::internal,
+                                  Reader::none,
+                                  0,
+                                  0,
+                                  "-",
+                                  "where a function rank writes its pickled return value"};
+inline constexpr Var spark_max_result{
+    "KOLO_SPARK_MAX_RESULT",
+    Kind::text,
+    Section::internal,
+    Reader::none,
+    0,
+    0,
+    "-",
+    "the largest return value, in bytes, a function rank may send"};
+inline constexpr Var spark_pickler{"KOLO_SPARK_PICKLER",
+                                   Kind::text,
+                                   Section::internal,
+                                   Reader::none,
+                                   0,
+                                   0,
+                                   "-",
+                                   "the module the driver pickled the function with"};
+inline constexpr Var spark_trace{"KOLO_SPARK_TRACE",
+                                 Kind::text,
+                                 Section::internal,
+                                 Reader::none,
+                                 0,
+                                 0,
+                                 "-",
+                                 "where a function rank writes its timeline events"};
+inline constexpr Var spark_launched{"KOLO_SPARK_LAUNCHED",
+                                    Kind::text,
+                                    Section::internal,
+                                    Reader::none,
+                                    0,
+                                    0,
+                                    "-",
+                                    "when the task launched the rank (for the timeline)"};
 
 }  // namespace vars
 
@@ -588,9 +652,16 @@ inline std::span<const Var* const> all_vars() {
       &vars::data_format,
       &vars::data_rows,
       &vars::data_columns,
+      &vars::data_types,
       &vars::run_ssh,
       &vars::include_dir,
       &vars::torch_python,
+      &vars::spark_fn,
+      &vars::spark_result,
+      &vars::spark_max_result,
+      &vars::spark_pickler,
+      &vars::spark_trace,
+      &vars::spark_launched,
   };
   return kAll;
 }

@@ -101,8 +101,12 @@ class Bootstrap {
     store_->set(base + std::to_string(topo_.rank), mine);
     std::vector<std::string> out(static_cast<std::size_t>(topo_.size));
     for (int r = 0; r < topo_.size; ++r) {
-      out[static_cast<std::size_t>(r)] =
-          r == topo_.rank ? mine : store_->get(base + std::to_string(r));
+      try {
+        out[static_cast<std::size_t>(r)] =
+            r == topo_.rank ? mine : store_->get(base + std::to_string(r));
+      } catch (const TimeoutError& e) {
+        throw TimeoutError(missing_ranks(base, name, r) + e.what());
+      }
     }
     return out;
   }
@@ -171,6 +175,35 @@ class Bootstrap {
     if (topo_.local_size < 0) topo_.local_size = local_size;
     if (topo_.cross_rank < 0) topo_.cross_rank = cross_rank;
     if (topo_.cross_size < 0) topo_.cross_size = cross_size;
+  }
+
+  // After a timed-out allgather: "rank 2 (of 4) did not reach ..." naming every rank whose
+  // contribution is still missing, not only `awaited`, the one this rank was waiting for. When
+  // the store cannot tell (it went away with rank 0), only `awaited` is named.
+  std::string missing_ranks(const std::string& base, const std::string& name, int awaited) {
+    std::string ranks;
+    int count = 0;
+    for (int r = 0; r < topo_.size; ++r) {
+      if (r == topo_.rank) continue;
+      bool missing = r == awaited;
+      if (r != awaited) {
+        try {
+          missing = !store_->try_get(base + std::to_string(r));
+        } catch (const Error&) {
+          ranks = std::to_string(awaited);
+          count = 1;
+          break;
+        }
+      }
+      if (missing) {
+        if (count++ > 0) ranks += ", ";
+        ranks += std::to_string(r);
+      }
+    }
+    return std::string(count == 1 ? "rank " : "ranks ") + ranks + " (of " +
+           std::to_string(topo_.size) + ") did not reach the rendezvous ('" + name +
+           "') in time: not started, slow to start, or failed before creating the "
+           "communicator; ";
   }
 
   Topology topo_;

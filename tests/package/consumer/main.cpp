@@ -4,6 +4,7 @@
 #include <kolo/kolo.hpp>  // the umbrella header, once it exists, must also build here
 #endif
 #include <kolo/core/reduce.hpp>
+#include <kolo/spark/data_file.hpp>  // the Spark backend's shard reader comes with the package
 #include <kolo/topology/topology.hpp>
 
 #include <cstdint>
@@ -57,6 +58,18 @@ int main() {
     return it == env.end() ? std::nullopt : std::optional<std::string>(it->second);
   });
   expect(topo.rank == 0 && topo.size == 1, "topology from a map");
+
+  // A data shard as kolo_spark writes it (csv): int64 exact above 2^53, a string column kept.
+  const char* shard_path = "kolo-consumer-shard.csv";
+  if (std::FILE* f = std::fopen(shard_path, "w")) {
+    std::fputs("id,name,x\n9007199254740993,\"a, b\",0.5\n", f);
+    std::fclose(f);
+  }
+  const auto shard = kolo::spark::read_csv_shard(shard_path, {"int64", "text", "float64"});
+  std::remove(shard_path);
+  expect(shard.rows == 1 && shard.int64_at(0, 0) == 9007199254740993LL &&
+             shard.text_at(0, 1) == "a, b" && shard.at(0, 2) == 0.5,
+         "spark data shard");
 
   if (failures != 0) return 1;
   std::printf("kolo consumer (%s): ok\n", KOLO_CONSUMER_MODE);
