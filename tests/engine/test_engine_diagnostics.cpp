@@ -236,6 +236,19 @@ TEST_CASE("engine API: contiguous ranges are accepted by every entry point") {
   const std::vector<std::int64_t> mine(static_cast<std::size_t>(r + 1), r);
   auto h = engine.allgather_async("range.const", mine);
   CHECK(h.output().count == static_cast<std::size_t>(n * (n + 1) / 2));
+  // Input and output: the same buffer (in place) or disjoint; a partial overlap is refused
+  // before anything is sent, naming both address ranges.
+  std::vector<float> big(20, 1.0f);
+  CHECK_THROWS_WITH_AS(engine.allreduce_async(
+                           "overlap", TensorView(big.data(), 10, DataType::float32), ReduceOp::sum,
+                           1.0, 1.0, TensorView(big.data() + 5, 10, DataType::float32)),
+                       doctest::Contains("engine: tensor 'overlap': input [0x"), kolo::ConfigError);
+  engine
+      .allreduce_async("disjoint", TensorView(big.data(), 10, DataType::float32), ReduceOp::sum,
+                       1.0, 1.0, TensorView(big.data() + 10, 10, DataType::float32))
+      .wait();
+  CHECK(big[19] == static_cast<float>(n));
+  CHECK(big[0] == 1.0f);
   static_assert(kolo::AsyncInOutBuffer<std::vector<float>&>);
   static_assert(kolo::AsyncInOutBuffer<std::span<float>>);
   static_assert(!kolo::AsyncInOutBuffer<std::vector<float>>);         // a temporary would dangle

@@ -36,6 +36,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -313,6 +314,23 @@ class Engine {
     if (out.count != in.count || out.dtype != in.dtype) {
       throw ConfigError("engine: tensor '" + name +
                         "': output must match the input's count and dtype");
+    }
+    if (in.data != out.data && in.count > 0) {
+      // In place (the same pointer) or disjoint: a partial overlap would be read after parts
+      // of it were written.
+      const auto a0 = reinterpret_cast<std::uintptr_t>(in.data);
+      const auto b0 = reinterpret_cast<std::uintptr_t>(out.data);
+      const std::uintptr_t a1 = a0 + in.bytes(), b1 = b0 + out.bytes();
+      if (a0 < b1 && b0 < a1) {
+        auto hex = [](std::uintptr_t v) {
+          char buf[32];
+          std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+          return std::string(buf);
+        };
+        throw ConfigError("engine: tensor '" + name + "': input [" + hex(a0) + ", " + hex(a1) +
+                          ") and output [" + hex(b0) + ", " + hex(b1) +
+                          ") overlap; pass the same buffer (in place) or disjoint buffers");
+      }
     }
     if (!dtype_is_floating(p.dtype) && (p.prescale != 1.0 || p.postscale != 1.0)) {
       throw ConfigError("engine: tensor '" + name + "': prescale/postscale need a floating dtype");
