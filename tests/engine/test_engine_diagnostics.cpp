@@ -128,8 +128,12 @@ TEST_CASE("engine join: ranks that disagree about join_average get a MismatchErr
   auto engine = engine_with(opts);
   std::vector<float> v(10, 1.0f);
   std::string m;
+  // A named handle outlives the catch: the engine thread then never drops the last reference to
+  // the exception while this thread reads it (a false positive under TSan, whose view of
+  // libstdc++'s uninstrumented exception reference counts is blind).
+  kolo::Handle h = engine.allreduce_async("disagree", v, ReduceOp::average);
   try {
-    engine.allreduce_async("disagree", v, ReduceOp::average).wait();
+    h.wait();
   } catch (const kolo::MismatchError& e) {
     m = e.what();
   }
@@ -197,10 +201,13 @@ TEST_CASE("engine errors: a rank that stops without join() is named, and join() 
   if (n < 2) return;
   const int steps = r == n - 1 ? 2 : 3;
   std::string error_text;
+  std::vector<kolo::Handle> handles;  // outlive the catch (see above)
+  std::vector<std::vector<float>> gs(3, std::vector<float>(100, 1.0f));
   for (int step = 0; step < steps; ++step) {
-    std::vector<float> g(100, 1.0f);
+    std::vector<float>& g = gs[static_cast<std::size_t>(step)];
     try {
-      engine.allreduce_async("grad", g, ReduceOp::average).wait();
+      handles.push_back(engine.allreduce_async("grad", g, ReduceOp::average));
+      handles.back().wait();
       CHECK(step < 2);
     } catch (const kolo::Error& e) {
       error_text = e.what();
