@@ -384,6 +384,20 @@ inline constexpr Var compression{"KOLO_COMPRESSION",
                                  "none, fp16, bf16",
                                  true};
 
+inline constexpr Var join_average{"KOLO_JOIN_AVERAGE",
+                                  Kind::choice,
+                                  Section::engine,
+                                  Reader::engine,
+                                  0,
+                                  0,
+                                  "world",
+                                  "what an average divides by while ranks have joined: the "
+                                  "number of ranks (`world`, as Horovod and DDP's default) or "
+                                  "the ranks that contributed (`active`)",
+                                  {},
+                                  "world, active",
+                                  true};
+
 // ---- GPU ----
 inline constexpr Var cuda_device{
     "KOLO_CUDA_DEVICE",
@@ -640,6 +654,7 @@ inline std::span<const Var* const> all_vars() {
       &vars::stall_shutdown_seconds,
       &vars::timeline,
       &vars::compression,
+      &vars::join_average,
       &vars::cuda_device,
       &vars::nccl,
       &vars::nccl_hierarchical,

@@ -21,15 +21,22 @@
 //  * Stalls: a name waiting longer than KOLO_STALL_WARNING_SECONDS is logged by rank 0 with the
 //    ranks that have not submitted it (cached names are first evicted so that the table can name
 //    them); past KOLO_STALL_SHUTDOWN_SECONDS (if set) rank 0 shuts the engine down on all ranks.
-//  * join(): a joined rank reports every cached name as pending and counts as having submitted
-//    every new one, contributing zeros (the identity of sum/average), until all ranks joined.
-//  * Any collective error (dead peer, timeout) fails every pending handle on every rank.
+//  * join(): once its own submissions have completed, a joined rank reports every cached name as
+//    pending and counts as having submitted every new one, contributing zeros, until all ranks
+//    joined. Zeros are the identity of sum, not of average: an average divides by the number of
+//    ranks (EngineOptions::join_average = world_size, Horovod's and DDP's default) or by the
+//    ranks that have not joined (active_ranks). Zeros are real values for min/max/product.
+//  * Any collective error (dead peer, timeout) fails every pending handle on every rank; the
+//    error names what the user asked for (the op, the first tensor names and their count).
+//  * Shutdown: each rank's "shutting down" flag travels in the cycle's collective, so every rank
+//    can say which rank ended the engine (and that join() is the way to end early).
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -47,6 +54,7 @@
 #include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
+#include "kolo/core/reduce.hpp"
 #include "kolo/core/tensor.hpp"
 #include "kolo/cuda/device_ops.hpp"
 #include "kolo/engine/fusion_buffer.hpp"
@@ -64,6 +72,9 @@ struct EngineOptions {
   std::size_t cache_capacity = 1024;            // KOLO_CACHE_CAPACITY (0 disables the cache)
   std::string timeline;                         // KOLO_TIMELINE
   CompressionPolicy compression;                // KOLO_COMPRESSION: float32 sum/average only
+  // What an average divides by while ranks have joined (KOLO_JOIN_AVERAGE=world|active): the
+  // number of ranks (joined ranks count as zeros) or the number of ranks that contributed.
+  JoinAverage join_average = JoinAverage::world_size;
 
   static EngineOptions from_env(const EnvLookup& env = process_env()) {
     EngineOptions o;
@@ -82,6 +93,9 @@ struct EngineOptions {
     }
     if (auto v = config::get_text(env, config::vars::timeline)) o.timeline = *v;
     o.compression = CompressionPolicy::from_env(env);
+    if (auto v = config::get_text(env, config::vars::join_average)) {
+      o.join_average = parse_join_average(*v);
+    }
     return o;
   }
 };
@@ -108,6 +122,19 @@ concept DeviceFusionTransport = requires(T& t, const cuda::FusionItem* items, st
   { t.device() } -> std::convertible_to<int>;
 };
 
+// A range the engine may read (and write) after the call returns, until the handle completes:
+// a ContiguousBuffer (contiguous, sized, of a kolo element type) that outlives the call, i.e. an
+// lvalue or a borrowed range such as std::span. A temporary std::vector would be destroyed
+// before the engine reads it, so it does not satisfy the concept.
+template <class R>
+concept AsyncBuffer = ContiguousBuffer<R> &&
+    (std::is_lvalue_reference_v<R> || std::ranges::borrowed_range<R>);
+
+// An AsyncBuffer the engine writes in place (allreduce, broadcast): its elements are not const.
+template <class R>
+concept AsyncInOutBuffer =
+    AsyncBuffer<R> && !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>;
+
 template <Transport T = MeshTransport>
 class Engine {
   using clock = std::chrono::steady_clock;
@@ -128,7 +155,8 @@ class Engine {
   int size() const { return comm_.size(); }
 
   // Reduces `tensor` across ranks under `name`: output (default: in place) =
-  // postscale · op_r(prescale · tensor_r); average divides by the number of ranks.
+  // postscale · op_r(prescale · tensor_r); average divides by the number of ranks (or, while
+  // ranks have joined, as EngineOptions::join_average says).
   Handle allreduce_async(std::string name, TensorView tensor, ReduceOp op = ReduceOp::sum,
                          double prescale = 1.0, double postscale = 1.0, TensorView output = {}) {
     RequestParams p;
@@ -138,7 +166,15 @@ class Engine {
     p.count = tensor.count;
     p.prescale = prescale;
     p.postscale = postscale;
+    if (op == ReduceOp::average) p.join_average = opts_.join_average;
     return enqueue(std::move(name), tensor, output.data ? output : tensor, p);
+  }
+  // The same, in place on any contiguous range that outlives the handle (std::vector<float>&,
+  // std::array, std::span, a user type modelling std::ranges::contiguous_range).
+  template <AsyncInOutBuffer R>
+  Handle allreduce_async(std::string name, R&& tensor, ReduceOp op = ReduceOp::sum,
+                         double prescale = 1.0, double postscale = 1.0) {
+    return allreduce_async(std::move(name), buffer_view(tensor), op, prescale, postscale);
   }
 
   // All members execute in the same fused collective, or fail together.
@@ -156,6 +192,7 @@ class Engine {
       p.postscale = postscale;
       p.group = group;
       p.group_size = static_cast<std::uint32_t>(tensors.size());
+      if (op == ReduceOp::average) p.join_average = opts_.join_average;
       out.push_back(enqueue(name, t, t, p));
     }
     return out;
@@ -169,6 +206,10 @@ class Engine {
     p.count = tensor.count;
     return enqueue(std::move(name), tensor, tensor, p);
   }
+  template <AsyncBuffer R>
+  Handle allgather_async(std::string name, R&& tensor) {
+    return allgather_async(std::move(name), buffer_view(tensor));
+  }
 
   // Copies root's tensor into every rank's tensor (in place).
   Handle broadcast_async(std::string name, TensorView tensor, int root = 0) {
@@ -179,9 +220,14 @@ class Engine {
     p.root = root;
     return enqueue(std::move(name), tensor, tensor, p);
   }
+  template <AsyncInOutBuffer R>
+  Handle broadcast_async(std::string name, R&& tensor, int root = 0) {
+    return broadcast_async(std::move(name), buffer_view(tensor), root);
+  }
 
-  // For uneven data: this rank stops submitting and contributes zeros to the others' allreduces
-  // until every rank has joined; then all return.
+  // For uneven data: this rank stops submitting and, once its own submissions have completed,
+  // contributes zeros to the others' operations until every rank has joined; then all return.
+  // Do not submit from other threads until it returns.
   void join() {
     auto state = std::make_shared<detail::HandleState>();
     {
@@ -272,6 +318,23 @@ class Engine {
       throw ConfigError("engine: tensor '" + name +
                         "': output must match the input's count and dtype");
     }
+    if (in.data != out.data && in.count > 0) {
+      // In place (the same pointer) or disjoint: a partial overlap would be read after parts
+      // of it were written.
+      const auto a0 = reinterpret_cast<std::uintptr_t>(in.data);
+      const auto b0 = reinterpret_cast<std::uintptr_t>(out.data);
+      const std::uintptr_t a1 = a0 + in.bytes(), b1 = b0 + out.bytes();
+      if (a0 < b1 && b0 < a1) {
+        auto hex = [](std::uintptr_t v) {
+          char buf[32];
+          std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+          return std::string(buf);
+        };
+        throw ConfigError("engine: tensor '" + name + "': input [" + hex(a0) + ", " + hex(a1) +
+                          ") and output [" + hex(b0) + ", " + hex(b1) +
+                          ") overlap; pass the same buffer (in place) or disjoint buffers");
+      }
+    }
     if (!dtype_is_floating(p.dtype) && (p.prescale != 1.0 || p.postscale != 1.0)) {
       throw ConfigError("engine: tensor '" + name + "': prescale/postscale need a floating dtype");
     }
@@ -300,7 +363,8 @@ class Engine {
           // waits inside the first collective for the others' clocks).
           std::unique_lock lock(mu_);
           cv_.wait_for(lock, std::chrono::duration<double, std::milli>(opts_.cycle_time_ms), [&] {
-            return !inbox_.empty() || shutdown_requested_ || !join_waiters_.empty();
+            // A join already in effect waits for the clock like any idle cycle.
+            return !inbox_.empty() || shutdown_requested_ || (!join_waiters_.empty() && !joined_);
           });
         }
         const auto r = cycle();
@@ -330,8 +394,10 @@ class Engine {
       want_join = !join_waiters_.empty();
     }
     for (auto& [name, local] : incoming) intake(name, std::move(local));
-    if (want_join) joined_ = true;
-    if (stall_shutdown_) want_shutdown = true;
+    // A join takes effect once this rank's own submissions have completed: a joined rank then
+    // contributes only zeros, so "ranks that contributed" is exactly "ranks not joined".
+    if (want_join && pending_.empty()) joined_ = true;
+    const bool stall_stop = stall_shutdown_;
     // Cached names stuck past half the warning time leave the cache, so the table can say who
     // is missing them.
     if (opts_.stall_warning_seconds > 0) {
@@ -343,31 +409,46 @@ class Engine {
       }
     }
 
-    // 2. The one collective of a steady-state cycle: min over [shutdown?, new names?, joined
-    //    by rank..., (pending, valid) per cache slot].
+    // 2. The one collective of a steady-state cycle: min over [shutdown?, new names?, stall
+    //    shutdown?, joined by rank..., shutting down by rank..., (pending, valid) per cache
+    //    slot]. Min over 0/1 bytes is AND; the per-rank bytes let every rank name the others.
     const std::size_t slots = cache_.size();
-    const std::size_t base = 2 + static_cast<std::size_t>(n);
+    const std::size_t joined_at = 3, stop_at = 3 + static_cast<std::size_t>(n);
+    const std::size_t base = 3 + 2 * static_cast<std::size_t>(n);
     flags_.assign(base + 2 * slots, 1);
-    flags_[0] = want_shutdown ? 0 : 1;
+    flags_[0] = (want_shutdown || stall_stop) ? 0 : 1;
     flags_[1] = to_send_.empty() ? 1 : 0;
+    flags_[2] = stall_stop ? 0 : 1;
     for (int r = 0; r < n; ++r)
-      flags_[2 + static_cast<std::size_t>(r)] = r == me ? (joined_ ? 1 : 0) : 1;
+      flags_[joined_at + static_cast<std::size_t>(r)] = r == me ? (joined_ ? 1 : 0) : 1;
+    flags_[stop_at + static_cast<std::size_t>(me)] = want_shutdown ? 0 : 1;
     for (std::size_t k = 0; k < slots; ++k) {
       flags_[base + 2 * k] = (joined_ || slot_pending_[k]) ? 1 : 0;
       flags_[base + 2 * k + 1] = invalid_[k] ? 0 : 1;
     }
-    comm_.allreduce(TensorView(flags_.data(), flags_.size(), DataType::uint8), ReduceOp::min);
+    guarded(
+        [&] {
+          comm_.allreduce(TensorView(flags_.data(), flags_.size(), DataType::uint8), ReduceOp::min);
+        },
+        [&] { return negotiation_text(); });
     bump([](EngineStats& s) { ++s.cycles; });
 
-    if (flags_[0] == 0) {
-      fail_pending(std::make_exception_ptr(Error(shutdown_reason())));
-      return CycleResult::stop;
-    }
     std::vector<bool> joined(static_cast<std::size_t>(n));
     bool all_joined = true;
+    int active = 0;  // ranks that have not joined: they contribute this cycle's tensors
     for (int r = 0; r < n; ++r) {
-      joined[static_cast<std::size_t>(r)] = flags_[2 + static_cast<std::size_t>(r)] != 0;
+      joined[static_cast<std::size_t>(r)] = flags_[joined_at + static_cast<std::size_t>(r)] != 0;
       all_joined = all_joined && joined[static_cast<std::size_t>(r)];
+      active += joined[static_cast<std::size_t>(r)] ? 0 : 1;
+    }
+    if (flags_[0] == 0) {
+      std::vector<int> stopped;
+      for (int r = 0; r < n; ++r) {
+        if (flags_[stop_at + static_cast<std::size_t>(r)] == 0) stopped.push_back(r);
+      }
+      fail_pending(
+          std::make_exception_ptr(Error(shutdown_reason(flags_[2] == 0, stopped, joined))));
+      return CycleResult::stop;
     }
 
     std::vector<Response> responses;
@@ -388,7 +469,7 @@ class Engine {
     bool exchanged = false;
     if (flags_[1] == 0) {
       exchanged = true;
-      exchange_requests(joined, responses);
+      guarded([&] { exchange_requests(joined, responses); }, [&] { return negotiation_text(); });
     }
     const auto t1 = clock::now();
     bump([&](EngineStats& s) {
@@ -402,7 +483,7 @@ class Engine {
 
     // 6. Run them.
     const bool did = !responses.empty();
-    execute(responses);
+    execute(responses, active);
 
     // 7. Join completes when every rank has joined.
     if (all_joined && joined_) {
@@ -418,6 +499,12 @@ class Engine {
   }
 
   void intake(const std::string& name, Local local) {
+    if (joined_) {
+      local.handle->finish(std::make_exception_ptr(
+          Error("engine: tensor '" + name + "' was submitted on rank " + std::to_string(rank()) +
+                " while it is inside join(); submit again after join() has returned")));
+      return;
+    }
     if (pending_.count(name) || held_names_.count(name)) {
       local.handle->finish(std::make_exception_ptr(
           Error("engine: tensor '" + name + "' is already in flight on rank " +
@@ -585,7 +672,7 @@ class Engine {
 
   // ---------------- execution ----------------
 
-  void execute(std::vector<Response>& responses) {
+  void execute(std::vector<Response>& responses, int active) {
     const auto now = clock::now();
     std::uint64_t cached = 0;
     for (auto& r : responses) {
@@ -615,10 +702,10 @@ class Engine {
       if (done[i] || !responses[i].error.empty()) continue;
       const Response& r = responses[i];
       if (r.p.kind == OpKind::allgather) {
-        run_allgather(r);
+        guarded([&] { run_allgather(r); }, [&] { return failed_text(responses, {i}); });
         done[i] = true;
       } else if (r.p.kind == OpKind::broadcast) {
-        run_broadcast(r);
+        guarded([&] { run_broadcast(r); }, [&] { return failed_text(responses, {i}); });
         done[i] = true;
       } else {
         // Fuse: look ahead for allreduces with the same dtype/op/scaling, up to the threshold;
@@ -639,7 +726,8 @@ class Engine {
           bytes += b;
           done[j] = true;
         }
-        run_allreduce(responses, batch, bytes);
+        guarded([&] { run_allreduce(responses, batch, bytes, active); },
+                [&] { return failed_text(responses, batch); });
         notify_completed();
       }
     }
@@ -655,11 +743,15 @@ class Engine {
   }
 
   void run_allreduce(std::vector<Response>& responses, const std::vector<std::size_t>& batch,
-                     std::size_t bytes) {
+                     std::size_t bytes, int active) {
     const RequestParams& p = responses[batch.front()].p;
     const int n = size();
     const ReduceOp wire_op = p.op == ReduceOp::average ? ReduceOp::sum : p.op;
-    const int divisor = p.op == ReduceOp::average ? n : 1;
+    // An average divides by the number of ranks, or (join_average = active_ranks) by the ranks
+    // that contributed, i.e. had not joined.
+    const int divisor = p.op != ReduceOp::average                     ? 1
+                        : p.join_average == JoinAverage::active_ranks ? active
+                                                                      : n;
     const auto tq = clock::now();
     if (p.device != 0) {
       run_device_allreduce(responses, batch, divisor, tq);
@@ -677,11 +769,13 @@ class Engine {
       TensorView in = local_input(r, zeros);
       TensorView out = r.local ? r.local->out : in;
       const auto ta = clock::now();
-      if (p.prescale == 1.0 && p.postscale == 1.0) {
+      // The Communicator's average divides by n; another divisor is applied here.
+      const bool comm_divides = p.op != ReduceOp::average || divisor == n;
+      if (p.prescale == 1.0 && p.postscale == 1.0 && comm_divides) {
         // Out of place straight from the input: the collective reads `in` in its first steps
         // anyway, so a copy into `out` first would be a whole extra pass over the tensor.
         comm_.allreduce(in, out, p.op);  // the algorithm folds an average's division in
-      } else if (p.postscale == 1.0) {
+      } else if (p.postscale == 1.0 && comm_divides) {
         detail::scaled_copy(out.data, in.data, in.count, in.dtype, p.prescale);
         comm_.allreduce(out, p.op);
       } else {
@@ -795,7 +889,9 @@ class Engine {
                             (p.op == ReduceOp::sum || p.op == ReduceOp::average);
       const DataType wire = compress ? c.wire : p.dtype;
       const Device dev = Device::cuda(t.device());
-      if (batch.size() == 1 && !compress && p.prescale == 1.0 && p.postscale == 1.0) {
+      if (batch.size() == 1 && !compress && p.prescale == 1.0 && p.postscale == 1.0 &&
+          (p.op != ReduceOp::average ||
+           divisor == size())) {  // the Communicator's average divides by size
         // The same decision on every rank (it must be: one collective, one op). A rank that has
         // joined reduces zeros from the fusion buffer and keeps nothing.
         const Response& r = responses[batch.front()];
@@ -942,13 +1038,11 @@ class Engine {
       const double age = seconds_since(e.first_seen);
       if (age >= opts_.stall_warning_seconds && !e.warned) {
         e.warned = true;
-        std::fprintf(stderr, "[kolo] stall inspector: %s for %.0f s\n",
-                     stall_text(e, joined).c_str(), age);
+        std::fprintf(stderr, "[kolo] stall inspector: %s for %.0f s. %s\n",
+                     stall_text(e, joined).c_str(), age, kJoinHint);
       }
       if (opts_.stall_shutdown_seconds > 0 && age >= opts_.stall_shutdown_seconds) {
-        stall_shutdown_ = true;
-        std::lock_guard lock(mu_);
-        stall_reason_ = stall_text(e, joined);
+        stall_shutdown_ = true;  // travels to every rank in the next cycle's flags
       }
     }
   }
@@ -964,20 +1058,146 @@ class Engine {
            missing;
   }
 
-  std::string shutdown_reason() {
-    std::string reason;
-    {
-      std::lock_guard lock(mu_);
-      reason = stall_reason_;
+  static constexpr const char* kJoinHint =
+      "If ranks run different numbers of steps (uneven data), a rank that has run out of data "
+      "must call Engine::join() instead of stopping or skipping: it then contributes zeros until "
+      "every rank has joined";
+
+  // Every rank computes the same text from the same flags and the same table (plus what is
+  // pending on this rank).
+  std::string shutdown_reason(bool by_stall, const std::vector<int>& stopped,
+                              const std::vector<bool>& joined) const {
+    std::string s;
+    if (by_stall) {
+      s = "engine shut down by the stall inspector (rank 0, KOLO_STALL_SHUTDOWN_SECONDS)";
+    } else {
+      s = "engine shut down by rank" + std::string(stopped.size() > 1 ? "s " : " ") +
+          rank_list(stopped) +
+          (std::find(stopped.begin(), stopped.end(), rank()) != stopped.end() ? " (this rank)"
+                                                                              : "") +
+          ", which called Engine::shutdown() or destroyed its Engine";
     }
-    if (!reason.empty()) return "engine shut down by the stall inspector: " + reason;
-    // Every rank holds the same table: name what was still waiting.
-    std::string waiting;
-    for (const auto& e : table_) {
-      std::vector<bool> none(e.by_rank.size(), false);
-      waiting += "; " + stall_text(e, none);
+    std::vector<std::string> waiting;
+    for (const auto& e : table_) waiting.push_back(stall_text(e, joined));
+    if (!waiting.empty()) s += ", while " + first_few(waiting, "; ", "tensors");
+    if (!pending_.empty()) {
+      s += "; this rank was still waiting for " + std::to_string(pending_.size()) +
+           (pending_.size() == 1 ? " tensor (" : " tensors (") + pending_names() + ")";
     }
-    return "engine shut down (a rank called shutdown or destroyed its engine)" + waiting;
+    return s + ". " + kJoinHint + ".";
+  }
+
+  // ---------------- the user's words in error messages ----------------
+
+  static std::string rank_list(const std::vector<int>& ranks) {
+    std::string s;
+    for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+    return s;
+  }
+
+  // "'a', 'b', 'c' and 47 more <noun>": the first three items and a count.
+  static std::string first_few(const std::vector<std::string>& items, const char* sep,
+                               const char* noun) {
+    constexpr std::size_t kShown = 3;
+    std::string s;
+    for (std::size_t i = 0; i < items.size() && i < kShown; ++i) s += (i ? sep : "") + items[i];
+    if (items.size() > kShown) {
+      s += " and " + std::to_string(items.size() - kShown) + " more";
+      if (*noun) s += std::string(" ") + noun;
+    }
+    return s;
+  }
+
+  // This rank's pending tensors, oldest first, and the ops asked for:
+  // "'a', 'b', 'c' and 47 more; allreduce(average)".
+  std::string pending_names() const {
+    std::vector<std::pair<clock::time_point, std::string>> byage;
+    std::set<std::string> ops;
+    for (const auto& [name, l] : pending_) {
+      byage.emplace_back(l.enqueued, name);
+      ops.insert(op_text(l.p));
+    }
+    std::sort(byage.begin(), byage.end());
+    std::vector<std::string> names;
+    for (const auto& [t, name] : byage) names.push_back("'" + name + "'");
+    std::string s = first_few(names, ", ", "") + ";";
+    for (const auto& op : ops) s += " " + op;
+    return s;
+  }
+
+  // The operation as the user asked for it: "allreduce(average)", "broadcast(root 2)".
+  static std::string op_text(const RequestParams& p) {
+    std::string s = op_kind_name(p.kind);
+    if (p.kind == OpKind::allreduce) {
+      s += "(" + std::string(reduce_op_name(p.op));
+      if (p.prescale != 1.0) s += ", prescale " + std::to_string(p.prescale);
+      if (p.postscale != 1.0) s += ", postscale " + std::to_string(p.postscale);
+      if (p.join_average == JoinAverage::active_ranks) s += ", divided by the active ranks";
+      s += ")";
+    } else if (p.kind == OpKind::broadcast) {
+      s += "(root " + std::to_string(p.root) + ")";
+    }
+    return s;
+  }
+
+  // "engine: allreduce(average) of 50 tensors 'a', 'b', 'c' and 47 more (24500050 x float32
+  // in one fused collective) failed"
+  std::string failed_text(const std::vector<Response>& rs,
+                          const std::vector<std::size_t>& batch) const {
+    const RequestParams& p = rs[batch.front()].p;
+    std::vector<std::string> names;
+    std::uint64_t total = 0;
+    for (std::size_t j : batch) {
+      names.push_back("'" + rs[j].name + "'");
+      total += rs[j].p.count;
+    }
+    std::string s = "engine: " + op_text(p) + " of ";
+    s += batch.size() == 1 ? "tensor " : std::to_string(batch.size()) + " tensors ";
+    s += first_few(names, ", ", "") + " (";
+    if (p.kind == OpKind::allgather) {
+      total = 0;
+      for (std::size_t c : rs[batch.front()].counts) total += c;
+      s += std::to_string(total) + " x " + std::string(dtype_name(p.dtype)) + " from all ranks";
+    } else {
+      s += std::to_string(total) + " x " + std::string(dtype_name(p.dtype));
+      if (batch.size() > 1) s += " in one fused collective";
+    }
+    return s + ") failed";
+  }
+
+  // An error in the cycle's own collectives (or one another rank's collective sent here
+  // through the abort channel while this rank was negotiating).
+  std::string negotiation_text() const {
+    if (pending_.empty()) return "engine: negotiation failed with no tensor pending on this rank";
+    return "engine: negotiation failed with " + std::to_string(pending_.size()) +
+           (pending_.size() == 1 ? " tensor" : " tensors") + " pending on this rank (" +
+           pending_names() + ")";
+  }
+
+  // Runs one of the engine's collectives. An error it throws is rethrown with the same kind,
+  // prefixed with what the user asked for (`what()`): the op, the first tensor names, a count.
+  // The Communicator's own words follow (they name the fused buffer and the wire op).
+  // The engine negotiates every collective it runs, so a MismatchError from the Communicator
+  // means the ranks' engines differ: they fused, converted or counted cache slots differently.
+  template <class Run, class What>
+  void guarded(Run&& run, What&& what) {
+    try {
+      run();
+    } catch (const Error& e) {
+      std::string msg = what() + ": " + e.what();
+      if (e.kind() == ErrorKind::mismatch) {
+        msg +=
+            " (the ranks' engines ran different collectives for the same tensors: every rank "
+            "must use the same engine options, e.g. KOLO_FUSION_THRESHOLD, KOLO_COMPRESSION, "
+            "KOLO_CACHE_CAPACITY)";
+      }
+      if (e.kind() == ErrorKind::peer_lost) {
+        msg +=
+            " (if that rank ended on purpose because it ran out of data, it must call "
+            "Engine::join() first)";
+      }
+      throw_error(e.kind(), msg);
+    }
   }
 
   void fail_pending(std::exception_ptr err) {
@@ -1023,7 +1243,6 @@ class Engine {
   bool shutdown_requested_ = false;
   std::exception_ptr dead_;
   EngineStats stats_;
-  std::string stall_reason_;
 
   // Progress-thread state.
   std::unordered_map<std::string, Local> pending_;

@@ -14,14 +14,35 @@
 
 #include "kolo/core/dtype.hpp"
 #include "kolo/core/float16.hpp"
+#include "kolo/core/reduce.hpp"
 #include "kolo/core/tensor.hpp"
 
 namespace kolo {
 
 namespace detail {
 
-// dst[i] = src[i] * factor (factor == 1: a plain copy; integers: only 1 is allowed upstream,
-// except division by the rank count for averages, done with `divisor`).
+// dst[i] = src[i] / dv for float and double, 16 bytes at a time: at -O2 GCC leaves a division
+// loop scalar (3-4x slower than the copy it replaces); in vector lanes it runs at memory speed.
+// IEEE division in lanes gives the scalar's bits. dst may equal src.
+template <class T>
+void divide_copy(T* dst, const T* src, std::size_t count, T dv) noexcept {
+  using V = vec16<T>;
+  constexpr std::size_t lanes = sizeof(V) / sizeof(T);
+  const std::size_t whole = count - count % lanes;
+  std::size_t i = 0;
+  for (; i < whole; i += lanes) {
+    V x;
+    std::memcpy(&x, src + i, sizeof(V));
+    x = x / dv;
+    std::memcpy(dst + i, &x, sizeof(V));
+  }
+  for (; i < count; ++i) dst[i] = src[i] / dv;
+}
+
+// dst[i] = src[i] * factor / divisor (factor == 1 and divisor == 1: a plain copy; integers:
+// only factor 1 is allowed upstream, and an average's division truncates toward zero). With
+// factor 1 the division is a true division, one rounding per element: the same bits as the
+// Communicator's average (finish_average), so a fused average equals an unfused one.
 inline void scaled_copy(void* dst, const void* src, std::size_t count, DataType t, double factor,
                         int divisor = 1) {
   if (factor == 1.0 && divisor == 1) {
@@ -33,6 +54,18 @@ inline void scaled_copy(void* dst, const void* src, std::size_t count, DataType 
     using T = decltype(tag);
     const T* s = static_cast<const T*>(src);
     T* d = static_cast<T*>(dst);
+    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, float16> ||
+                  std::is_same_v<T, bfloat16>) {
+      if (factor == 1.0) {  // an average's division alone
+        if constexpr (std::is_floating_point_v<T>) {
+          divide_copy(d, s, count, static_cast<T>(divisor));
+        } else {
+          const float dv = static_cast<float>(divisor);
+          for (std::size_t i = 0; i < count; ++i) d[i] = T(static_cast<float>(s[i]) / dv);
+        }
+        return;
+      }
+    }
     if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
       const float f = static_cast<float>(factor / divisor);
       for (std::size_t i = 0; i < count; ++i) d[i] = T(static_cast<float>(s[i]) * f);
@@ -40,8 +73,9 @@ inline void scaled_copy(void* dst, const void* src, std::size_t count, DataType 
       const T f = static_cast<T>(factor / divisor);
       for (std::size_t i = 0; i < count; ++i) d[i] = s[i] * f;
     } else {  // integers: averages truncate toward zero, like the blocking allreduce
+      const long long dv = divisor;
       for (std::size_t i = 0; i < count; ++i) {
-        d[i] = static_cast<T>(static_cast<long long>(s[i]) / divisor);
+        d[i] = static_cast<T>(static_cast<long long>(s[i]) / dv);
       }
     }
   });

@@ -14,6 +14,24 @@ namespace kolo {
 
 enum class OpKind : std::uint8_t { allreduce = 1, allgather = 2, broadcast = 3 };
 
+// What ReduceOp::average divides by while some ranks have joined (Engine::join): the number of
+// ranks (joined ranks count as zeros: Horovod's behaviour and DDP's default), or the number of
+// ranks that contributed a tensor (DDP's divide_by_initial_world_size=False).
+enum class JoinAverage : std::uint8_t { world_size = 0, active_ranks = 1 };
+
+inline const char* join_average_name(JoinAverage j) {
+  return j == JoinAverage::active_ranks ? "active" : "world";
+}
+
+// KOLO_JOIN_AVERAGE: "world" (default) or "active".
+inline JoinAverage parse_join_average(const std::string& v) {
+  if (v.empty() || v == "world" || v == "world_size") return JoinAverage::world_size;
+  if (v == "active" || v == "active_ranks") return JoinAverage::active_ranks;
+  throw ConfigError("KOLO_JOIN_AVERAGE=" + v +
+                    " is not one of world (divide by the number of ranks), active (divide by "
+                    "the ranks that have not joined)");
+}
+
 inline const char* op_kind_name(OpKind k) {
   switch (k) {
     case OpKind::allreduce:
@@ -37,6 +55,8 @@ struct RequestParams {
   std::string group;  // grouped allreduce: members execute together, atomically
   std::uint32_t group_size = 0;
   std::uint8_t device = 0;  // 0: host memory, 1: CUDA device memory (must agree across ranks)
+  // Average only (world_size otherwise): ranks that disagree get a MismatchError.
+  JoinAverage join_average = JoinAverage::world_size;
 
   friend bool operator==(const RequestParams&, const RequestParams&) = default;
 
@@ -47,6 +67,7 @@ struct RequestParams {
     if (kind == OpKind::broadcast) s += ", root " + std::to_string(root);
     if (prescale != 1.0) s += ", prescale " + std::to_string(prescale);
     if (postscale != 1.0) s += ", postscale " + std::to_string(postscale);
+    if (join_average == JoinAverage::active_ranks) s += ", divided by the active ranks";
     if (!group.empty()) s += ", group '" + group + "'";
     if (device != 0) s += ", on a CUDA device";
     return s + ")";
@@ -98,6 +119,7 @@ inline void serialize(std::string& out, const WireRequest& r) {
   detail::put_str(out, r.p.group);
   detail::put(out, r.p.group_size);
   detail::put(out, r.p.device);
+  detail::put(out, static_cast<std::uint8_t>(r.p.join_average));
 }
 
 inline std::vector<WireRequest> deserialize_requests(const std::string& in) {
@@ -116,6 +138,7 @@ inline std::vector<WireRequest> deserialize_requests(const std::string& in) {
     r.p.group = detail::take_str(in, pos);
     r.p.group_size = detail::take<std::uint32_t>(in, pos);
     r.p.device = detail::take<std::uint8_t>(in, pos);
+    r.p.join_average = static_cast<JoinAverage>(detail::take<std::uint8_t>(in, pos));
     out.push_back(std::move(r));
   }
   return out;
