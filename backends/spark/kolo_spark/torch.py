@@ -124,6 +124,8 @@ class _EstimatorParams(_CommonParams):
                             "ranks (init_process_group's timeout)", TypeConverters.toFloat)
     output_cols = _p("output_cols", "the TorchModel's output columns (default: prediction)",
                      TypeConverters.toListString)
+    num_threads = _p("num_threads", "torch threads per rank (default: spark.task.cpus, the "
+                     "cores Spark gives each task)", TypeConverters.toInt)
     run_options = _p("run_options", "extra keyword arguments of kolo_spark.run (timeout, env, "
                      "stream_logs, timeline, ...)")
 
@@ -134,7 +136,7 @@ class _EstimatorParams(_CommonParams):
                          epochs=1, validation=None, shuffle=True, store=None, run_id=None,
                          backward_passes_per_step=1, compression="none", use_gpu=False,
                          verbose=1, random_seed=0, backend="kolo", collective_timeout=600.0,
-                         output_cols=None, run_options=None)
+                         output_cols=None, num_threads=None, run_options=None)
 
 
 def _getter_setter(cls, name):
@@ -335,7 +337,7 @@ class TorchEstimator(Estimator, _EstimatorParams):
                  epochs=None, validation=None, shuffle=None, store=None, run_id=None,
                  backward_passes_per_step=None, compression=None, use_gpu=None, verbose=None,
                  random_seed=None, backend=None, collective_timeout=None, output_cols=None,
-                 run_options=None):
+                 num_threads=None, run_options=None):
         super().__init__()
         kwargs = {k: v for k, v in dict(
             num_proc=num_proc, model=model, optimizer=optimizer, loss=loss, metrics=metrics,
@@ -344,7 +346,7 @@ class TorchEstimator(Estimator, _EstimatorParams):
             store=store, run_id=run_id, backward_passes_per_step=backward_passes_per_step,
             compression=compression, use_gpu=use_gpu, verbose=verbose, random_seed=random_seed,
             backend=backend, collective_timeout=collective_timeout, output_cols=output_cols,
-            run_options=run_options).items() if v is not None}
+            num_threads=num_threads, run_options=run_options).items() if v is not None}
         self._set(**kwargs)
         self.last_run: Dict[str, Any] = {}
 
@@ -570,6 +572,7 @@ class TorchEstimator(Estimator, _EstimatorParams):
             "verbose": verbose, "seed": self.getOrDefault(self.random_seed),
             "backend": self.getOrDefault(self.backend),
             "collective_timeout": self.getOrDefault(self.collective_timeout),
+            "threads": self.getOrDefault(self.num_threads) or _task_cpus(spark),
         }
         options = dict(self.getOrDefault(self.run_options) or {})
         options.setdefault("stream_logs", verbose > 0)
@@ -602,6 +605,15 @@ class TorchEstimator(Estimator, _EstimatorParams):
                        run_id=run_id)
         m.training_stats = dict(self.last_run)
         return m
+
+
+def _task_cpus(spark) -> int:
+    """spark.task.cpus: the cores Spark gives each task, so each rank's torch threads (more
+    threads than cores make torch's thread pool spin against the other ranks)."""
+    try:
+        return max(1, int(spark.sparkContext.getConf().get("spark.task.cpus", "1")))
+    except Exception:  # no session (local mode): one thread
+        return 1
 
 
 def _run_ranks(spark, num_proc: int, spec: Dict[str, Any], options: Dict[str, Any]):

@@ -262,6 +262,7 @@ def train(spec: Dict[str, Any]) -> Dict[str, Any]:
     size = int(os.environ["WORLD_SIZE"])
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("KOLO_LOCAL_SIZE", "1")))
     threads = spec.get("threads") or max(1, (os.cpu_count() or 1) // max(1, local_size))
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # for anything the rank starts
     torch.set_num_threads(threads)
     store, run_id = spec["store"], spec["run_id"]
     verbose = spec["verbose"]
