@@ -306,27 +306,35 @@ def test_fit_on_parquet_of_a_users_dataset_in_a_pyarrow_filesystem_store(spark, 
     assert store.url(store.get_train_data_path()) == \
         "hdfs://namenode:8020/user/kolo/intermediate_train_data"
     rng = np.random.default_rng(4)
-    for part, n in ((0, 700), (1, 500)):  # a user's dataset: two files, float64 columns
+    for d, n in (("train", 1024), ("val", 256)):  # a user's dataset: float64 columns
         a, b = rng.normal(size=n), rng.normal(size=n)
         y = 2.0 * a - 1.0 * b + 0.5 + rng.normal(0, 0.05, n)
         table = pa.table({"a": a, "b": b, "y": y, "unused": ["x"] * n})
-        d = "/user/kolo/mine/train" if part == 0 else "/user/kolo/mine/val"
-        fs.create_dir(d)
-        with fs.open_output_stream(f"{d}/part-0.parquet") as f:
-            pq.write_table(table, f, row_group_size=100)
+        fs.create_dir(f"/user/kolo/mine/{d}")
+        with fs.open_output_stream(f"/user/kolo/mine/{d}/part-0.parquet") as f:
+            pq.write_table(table, f, row_group_size=128)
     assert (root / "user/kolo/mine/train/part-0.parquet").exists()
-    torch.manual_seed(0)
-    net = TwoInputs()
-    est = TorchEstimator(num_proc=2, model=net, optimizer=torch.optim.Adam(net.parameters(), 0.05),
-                         loss=torch.nn.MSELoss(), feature_cols=["a", "b"], label_cols=["y"],
-                         batch_size=25, epochs=8, store=store, run_id="mine", verbose=0,
-                         run_options={"env": {"KOLO_TIMEOUT_SECONDS": "120"}})
-    model = est.fit_on_parquet(train_path="/user/kolo/mine/train",
-                               val_path="/user/kolo/mine/val")
-    assert est.last_run["rows_per_rank"] == [400, 300]  # 7 row groups of 100 rows
-    assert model.history["val_loss"][-1] <= 0.01, model.history["val_loss"]
-    w = model.getModel().linear.weight.detach().numpy().ravel()
-    np.testing.assert_allclose(w, [2.0, -1.0], atol=0.05)
+
+    def fit(run_id, **kw):
+        torch.manual_seed(0)
+        net = TwoInputs()
+        opts = dict(num_proc=2, model=net,
+                    optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.5),
+                    loss=torch.nn.MSELoss(), feature_cols=["a", "b"], label_cols=["y"],
+                    batch_size=64, epochs=5, store=store, run_id=run_id, verbose=0,
+                    run_options={"env": {"KOLO_TIMEOUT_SECONDS": "120"}})
+        opts.update(kw)
+        est = TorchEstimator(**opts)
+        model = est.fit_on_parquet(train_path="/user/kolo/mine/train",
+                                   val_path="/user/kolo/mine/val")
+        return est, model
+
+    est, model = fit("mine")
+    assert est.last_run["rows_per_rank"] == [512, 512]  # 8 row groups of 128 rows
+    assert est.last_run["steps_per_epoch"] == 8
+    assert model.history["val_loss"][-1] <= 0.005, model.history["val_loss"]
+    weights = model.getModel().linear.weight.detach().numpy().ravel()
+    np.testing.assert_allclose(weights, [2.0, -1.0], atol=0.05)
     assert (root / "user/kolo/runs/mine/checkpoint/checkpoint.pt").exists()
     assert (root / "user/kolo/runs/mine/logs/history.json").exists()
     # transform with scalar feature columns
@@ -335,6 +343,21 @@ def test_fit_on_parquet_of_a_users_dataset_in_a_pyarrow_filesystem_store(spark, 
     with torch.no_grad():
         want = model.getModel()(torch.tensor([[0.5], [1.0]]), torch.tensor([[-1.0], [2.0]]))
     np.testing.assert_allclose(got, want.numpy().ravel(), rtol=1e-6)
+
+    # backward_passes_per_step=2 with half the batch: each step averages the gradients of two
+    # halves of the same 64 rows, so the weights are those of the run above (up to rounding)
+    est2, halves = fit("halves", batch_size=32, backward_passes_per_step=2)
+    assert est2.last_run["steps_per_epoch"] == 16
+    for got, want in zip(halves.getModel().parameters(), model.getModel().parameters()):
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-5,
+                                   atol=1e-6)
+    # fp16 gradients on the wire (DDP's fp16_compress_hook over kolo): the same fit to within
+    # half precision, but not bit-equal
+    _, fp16 = fit("fp16", compression="fp16")
+    diff = max(float((a - b).detach().abs().max()) for a, b in zip(fp16.getModel().parameters(),
+                                                           model.getModel().parameters()))
+    assert 0 < diff < 1e-2, diff
+    assert fp16.history["val_loss"][-1] <= 0.005
 
 
 @pytest.fixture
@@ -403,16 +426,18 @@ def test_model_save_load_round_trip(spark, fitted, spiral_df, tmp_path):
     for got, want in zip(loaded.getModel().state_dict().values(),
                          model.getModel().state_dict().values()):
         assert torch.equal(got, want)
-    a = [r["prediction"] for r in model.transform(spiral_df).orderBy("xy").collect()]
-    b = [r["logits"] for r in loaded.transform(spiral_df).orderBy("xy").collect()]
-    assert a == b
+    rows = spiral_df.limit(200).collect()  # a small DataFrame of one partition
+    small = spark.createDataFrame(rows, spiral_df.schema).coalesce(1)
+    a = [r["prediction"] for r in model.transform(small).collect()]
+    b = [r["logits"] for r in loaded.transform(small).collect()]
+    assert len(a) == 200 and a == b
     # inside a Spark ML pipeline too
     from pyspark.ml import PipelineModel
 
     pipeline = PipelineModel(stages=[loaded])
     pipeline.write().overwrite().save(str(tmp_path / "pipeline"))
     again = PipelineModel.load(str(tmp_path / "pipeline"))
-    assert [r["logits"] for r in again.transform(spiral_df).orderBy("xy").collect()] == b
+    assert [r["logits"] for r in again.transform(small).collect()] == b
 
 
 # --- pieces without Spark jobs ---
