@@ -3,7 +3,7 @@
 same DataFrame: data preparation time, rank start-up, epoch time and throughput (the figures
 of docs/estimator.md).
 
-    py=$(bash tests/pyenv.sh)        # pyspark, torch; kolo_torch installed (pip install backends/torch)
+    py=$(bash tests/pyenv.sh)   # pyspark, torch; and kolo_torch: $py -m pip install backends/torch
     PYTHONPATH=backends/spark nice -n 10 $py benchmarks/estimator_bench.py --ranks 1 2 4
 
 Every fit writes the DataFrame to the store (prepare), starts the ranks through kolo_spark.run

@@ -17,7 +17,8 @@ PyTorch.
 from __future__ import annotations
 
 import copy
-import io
+import functools
+import json
 import math
 import re
 import time
@@ -477,9 +478,7 @@ class TorchEstimator(Estimator, _EstimatorParams):
         store.makedirs(train_dir)
         if has_val:
             store.makedirs(val_dir)
-        plain = [{k: v for k, v in c.items()} for c in columns]
-        import functools
-
+        plain = [dict(c) for c in columns]
         writer = functools.partial(remote.write_partition, store, train_dir, val_dir, plain,
                                    has_val, groups, MAX_GROUP_BYTES)
         ship_package(df.sparkSession.sparkContext)
@@ -491,8 +490,6 @@ class TorchEstimator(Estimator, _EstimatorParams):
             if msg is None:
                 raise
             raise EstimatorDataError(msg) from None
-        import json
-
         widths: Dict[str, Dict[int, str]] = {}
         for row in written:
             for name, w in json.loads(row["widths"]).items():
@@ -565,7 +562,8 @@ class TorchEstimator(Estimator, _EstimatorParams):
             "steps_per_epoch": steps, "model": self.getOrDefault(self.model),
             "optimizer": opt_spec, "loss": self.getOrDefault(self.loss),
             "metrics": self.getOrDefault(self.metrics),
-            "callbacks": self.getOrDefault(self.callbacks), "epochs": self.getOrDefault(self.epochs),
+            "callbacks": self.getOrDefault(self.callbacks),
+            "epochs": self.getOrDefault(self.epochs),
             "batch_size": batch_size, "shuffle": self.getOrDefault(self.shuffle),
             "backward_passes_per_step": self.getOrDefault(self.backward_passes_per_step),
             "compression": self.getOrDefault(self.compression), "use_gpu": use_gpu,
