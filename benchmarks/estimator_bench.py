@@ -46,7 +46,8 @@ def main() -> int:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     master = args.master or f"local[{max(args.ranks)}]"
     conf = (SparkConf().setMaster(master).setAppName("estimator_bench")
-            .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1")
+            .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+            .set("spark.driver.host", "127.0.0.1")
             .set("spark.driver.bindAddress", "127.0.0.1")
             .set("spark.sql.shuffle.partitions", str(max(args.ranks))))
     sc = SparkContext(conf=conf)
