@@ -21,6 +21,8 @@ except ImportError:  # not pip-installed: use the source tree
 def pytest_configure(config):
     config.addinivalue_line("markers", "kolo_torch: needs kolo_torch installed (CTest runs these "
                             "as spark/kolo_ddp, after torch/install)")
+    config.addinivalue_line("markers", "estimator: kolo_spark.torch's estimator suite (CTest "
+                            "spark/estimator, after torch/install)")
 
 
 def _binary(var):
