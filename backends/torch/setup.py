@@ -78,4 +78,7 @@ else:
 setup(
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    # one build tree per variant: switching between them rebuilds nothing twice, and the two
+    # never share object files
+    options={"build": {"build_base": os.path.join("build", "cuda" if want_cuda == "1" else "cpu")}},
 )
