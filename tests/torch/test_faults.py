@@ -33,6 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 TIMEOUT_S = 10
+# The timeouts under test are the groups' own (init_process_group's): kolo's knob would win.
+OWN_TIMEOUT = ["KOLO_TIMEOUT_SECONDS"]
 
 
 def rank_main(r, n, config):
@@ -290,7 +292,7 @@ def alive(pids):
 
 
 def drive_kill(script):
-    config = {"name": "kill", "world": 3, "mode": "kill"}
+    config = {"name": "kill", "world": 3, "mode": "kill", "unset": OWN_TIMEOUT}
     procs, _ = harness.start_ranks(script, 3, config)
     # wait until rank 0 trains
     t0 = time.monotonic()
@@ -325,7 +327,7 @@ def drive_mismatch(script):
 
 
 def drive_hang(script):
-    config = {"name": "hang", "world": 2, "mode": "hang", "timeout": 4}
+    config = {"name": "hang", "world": 2, "mode": "hang", "timeout": 4, "unset": OWN_TIMEOUT}
     return harness.run_config(script, config, 60)
 
 
@@ -405,7 +407,7 @@ def drive_stranger(script):
 
 
 def drive_release(script):
-    config = {"name": "release", "world": 2, "mode": "release"}
+    config = {"name": "release", "world": 2, "mode": "release", "unset": OWN_TIMEOUT}
     return harness.run_config(script, config, 90)
 
 

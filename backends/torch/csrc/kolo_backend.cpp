@@ -383,7 +383,8 @@ void finish_task(Task& t, std::exception_ptr e) {
 }
 
 // Runs a collective task on the calling thread, which owns the communicator (Sched::busy),
-// and releases it.
+// copies the results back, releases the communicator, then completes the work: the future's
+// callbacks run on this thread without holding it (a callback may issue the next operation).
 void run_here(Sched& s, Task& t) {
   // The caller may hold the GIL (a binding that keeps it): other Python threads run meanwhile.
   std::optional<pybind11::gil_scoped_release> no_gil;
@@ -391,11 +392,13 @@ void run_here(Sched& s, Task& t) {
   std::exception_ptr err;
   try {
     t.body(t);
+    if (t.after) t.after();
   } catch (const std::exception& e) {
     err = wrap(e);
   }
-  finish_task(t, err);
+  t.after = nullptr;
   s.release();
+  t.work->complete(err);
 }
 
 }  // namespace
