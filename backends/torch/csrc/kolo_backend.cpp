@@ -359,12 +359,16 @@ struct Sched {
     busy = true;
     return true;
   }
+  // Gives the communicator back; wakes the worker (or stop()) only when one of them waits for
+  // it: waking an idle worker after every synchronous call would cost a context switch each.
   void release() {
+    bool wake = false;
     {
       std::lock_guard<std::mutex> lock(mu);
       busy = false;
+      wake = stopping || !queue.empty();
     }
-    cv.notify_all();
+    if (wake) cv.notify_all();
   }
 };
 
