@@ -277,12 +277,19 @@ std::exception_ptr wrap(const std::exception& e) {
 
 // ---- KoloWork ----
 
+namespace {
+// The type of every work's future value (built once, not per operation).
+const c10::TypePtr& list_of_tensors() {
+  static const c10::TypePtr t = c10::ListType::create(c10::TensorType::get());
+  return t;
+}
+}  // namespace
+
 KoloWork::KoloWork(int rank, c10d::OpType op, const char* title, std::vector<at::Tensor> outputs,
                    std::weak_ptr<Sched> sched)
     : c10d::Work(rank, op, title),
       outputs_(std::move(outputs)),
-      future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+      future_(c10::make_intrusive<c10::ivalue::Future>(list_of_tensors())),
       sched_(std::move(sched)) {}
 
 // How long a waiting thread spins (yielding) before it blocks: KOLO_TORCH_SPIN_US, default 50.
