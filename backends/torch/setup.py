@@ -1,6 +1,15 @@
-"""Build of kolo_torch._C against the installed torch (see pyproject.toml)."""
+"""Build of kolo_torch._C against the installed torch (see pyproject.toml).
+
+KOLO_TORCH_CUDA=1 builds the CUDA variant: contiguous CUDA tensors then go through kolo's NCCL
+transport (docs/torch.md). It needs a torch with CUDA, the CUDA toolkit's headers (CUDA_HOME,
+else /usr/local/cuda) and NCCL (NCCL_HOME, else the nvidia-nccl wheel torch depends on, else
+the toolkit's). Compiled by the host compiler: no nvcc. Unset or 0: the CPU build (CUDA
+tensors are staged through host memory), which needs nothing of CUDA.
+"""
+import glob
 import os
 
+import torch
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -12,15 +21,64 @@ if not os.path.exists(os.path.join(kolo_include, "kolo", "communicator.hpp")):
     raise RuntimeError(f"kolo-torch: kolo's headers are not at {kolo_include}: build from the "
                        "kolo repository (pip install backends/torch) or set KOLO_INCLUDE_DIR")
 
+want_cuda = os.environ.get("KOLO_TORCH_CUDA", "0")
+if want_cuda not in ("0", "1", ""):
+    raise RuntimeError(f"kolo-torch: KOLO_TORCH_CUDA={want_cuda!r}: use 1 (the CUDA build) or 0")
+
+kwargs = dict(
+    name="kolo_torch._C",
+    sources=["csrc/kolo_backend.cpp"],
+    include_dirs=[os.path.abspath(kolo_include), os.path.join(here, "csrc")],
+    extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Wno-unused-parameter"],
+    libraries=["crypto"],
+)
+
+
+def find_nccl():
+    """(include dir, lib dir, library file) of NCCL, the one torch loads first."""
+    roots = []
+    if os.environ.get("NCCL_HOME"):
+        roots.append(os.environ["NCCL_HOME"])
+    # the nvidia-nccl wheel next to torch: the libnccl.so.2 that torch itself loads
+    roots.append(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "nccl"))
+    roots.append(cuda_home)
+    for root in roots:
+        inc = os.path.join(root, "include")
+        if not os.path.exists(os.path.join(inc, "nccl.h")):
+            continue
+        for libdir in (os.path.join(root, "lib"), os.path.join(root, "lib64")):
+            libs = sorted(glob.glob(os.path.join(libdir, "libnccl.so*")), key=len)
+            if libs:
+                return inc, libdir, os.path.basename(libs[0])
+    raise RuntimeError("kolo-torch: KOLO_TORCH_CUDA=1 but NCCL (nccl.h and libnccl.so) was found "
+                       f"in none of {roots}: set NCCL_HOME")
+
+
+if want_cuda == "1":
+    from torch.utils.cpp_extension import CUDA_HOME, CUDAExtension
+
+    if torch.version.cuda is None:
+        raise RuntimeError(f"kolo-torch: KOLO_TORCH_CUDA=1 but torch {torch.__version__} was "
+                           "built without CUDA")
+    cuda_home = os.environ.get("CUDA_HOME") or CUDA_HOME or "/usr/local/cuda"
+    if not os.path.exists(os.path.join(cuda_home, "include", "cuda_runtime_api.h")):
+        raise RuntimeError("kolo-torch: KOLO_TORCH_CUDA=1 but the CUDA toolkit's headers are not "
+                           f"at {cuda_home}/include: set CUDA_HOME")
+    nccl_inc, nccl_lib, nccl_file = find_nccl()
+    kwargs["include_dirs"].append(nccl_inc)
+    kwargs["define_macros"] = [("KOLO_TORCH_CUDA", "1")]
+    kwargs["library_dirs"] = [nccl_lib]
+    kwargs["extra_link_args"] = [f"-l:{nccl_file}", f"-Wl,-rpath,{nccl_lib}"]
+    print(f"kolo-torch: CUDA build (torch CUDA {torch.version.cuda}, toolkit {cuda_home}, "
+          f"NCCL {nccl_lib}/{nccl_file})")
+    ext = CUDAExtension(**kwargs)
+else:
+    ext = CppExtension(**kwargs)
+
 setup(
-    ext_modules=[
-        CppExtension(
-            name="kolo_torch._C",
-            sources=["csrc/kolo_backend.cpp"],
-            include_dirs=[os.path.abspath(kolo_include), os.path.join(here, "csrc")],
-            extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Wno-unused-parameter"],
-            libraries=["crypto"],
-        )
-    ],
+    ext_modules=[ext],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    # one build tree per variant: switching between them rebuilds nothing twice, and the two
+    # never share object files
+    options={"build": {"build_base": os.path.join("build", "cuda" if want_cuda == "1" else "cpu")}},
 )

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -332,6 +333,36 @@ TEST_CASE("errors reach every rank and fail only their group") {
   // the communicator of the other tests is untouched
   std::vector<int> one(1, 1);
   c.allreduce(one);
+  CHECK(one[0] == n);
+}
+
+TEST_CASE("interrupt: another thread fails the running operation, here and on the peers") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  if (n == 1) return;
+  // Ranks 0 and 1 wait for messages nobody sends; a second thread of rank 0 interrupts its
+  // wait. Rank 0 must fail with the reason, and kolo's abort must end rank 1's wait (and the
+  // others' barrier) with it: the thread-safe stop that kolo_torch's abort() uses.
+  const std::string e = error_of([&](kolo::Communicator<>& s) {
+    std::vector<float> buf(16, 0.0f);
+    const TensorView v(buf.data(), buf.size(), DataType::float32);
+    if (r == 0) {
+      std::thread t([&s] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        s.transport().interrupt("interrupted from another thread");
+      });
+      struct Join {
+        std::thread& t;
+        ~Join() { t.join(); }
+      } join{t};
+      s.recv(v, 1);
+    } else if (r == 1) {
+      s.recv(v, 0);
+    }
+  });
+  CHECK_MESSAGE(e.find("interrupted from another thread") != std::string::npos, e);
+  std::vector<int> one(1, 1);
+  c.allreduce(one);  // the parent communicator is untouched
   CHECK(one[0] == n);
 }
 

@@ -29,6 +29,8 @@ def start_ranks(script, world, config, extra_env=None):
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(config.get("env", {}))
     env.update(extra_env or {})
+    for var in config.get("unset", []):  # e.g. CI's KOLO_TIMEOUT_SECONDS over a tested timeout
+        env.pop(var, None)
     procs = []
     for r in range(world):
         procs.append(subprocess.Popen(

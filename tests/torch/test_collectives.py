@@ -73,6 +73,26 @@ def rank_main(r, n, config):
     check(w.wait(), "wait")
     check(w.is_completed(), "is_completed")
     check(torch.all(fut.value()[0] == n * (n - 1) / 2), "future value")
+    # issue order across the paths: async works queued for the worker thread, a synchronous
+    # call issued behind them (it must not run before them on the caller's thread), works
+    # waited for out of order (wait() may run the next one itself), a future's callback
+    x = torch.ones(1 << 12)
+    ws = [dist.all_reduce(x, async_op=True) for _ in range(3)]  # x: 1 -> n -> n^2 -> n^3
+    y = torch.full((1 << 12,), float(r))
+    wy = dist.all_reduce(y, async_op=True)
+    dist.all_reduce(x)  # behind the three: n^4
+    check(all(w.is_completed() for w in ws), "a synchronous call returned before earlier works")
+    check(torch.all(x == n ** 4), f"issue order: {x[:4]} != {n ** 4}")
+    wy.wait()
+    check(torch.all(y == n * (n - 1) / 2), f"async behind sync {y[:4]}")
+    z = [torch.full((7,), float(r + k)) for k in range(4)]
+    zw = [dist.all_reduce(t, async_op=True) for t in z]
+    seen = []
+    zw[0].get_future().then(lambda f: seen.append(float(f.value()[0][0])))
+    for k in (3, 1, 2, 0):
+        zw[k].wait()
+    check(all(torch.all(z[k] == n * (n - 1) / 2 + n * k) for k in range(4)), f"out of order {z}")
+    check(seen == [n * (n - 1) / 2], f"future callback saw {seen}")
     # allreduce_coalesced
     ts = [torch.full((3,), float(r)), torch.full((5,), float(2 * r))]
     dist.all_reduce_coalesced(ts)

@@ -9,11 +9,19 @@ mismatch  2 ranks: all_reduce of 10 vs 11 elements, then all_reduce vs broadcast
 hang      2 ranks, a 4 s group timeout: rank 1 sleeps instead of calling all_reduce; rank 0's
           all_reduce must raise a timeout within 4 + 5 s, and wait(timeout) on an async
           all_reduce raises at its own shorter timeout first.
-stranger  2 ranks over TCP (KOLO_TRANSPORT=tcp): the driver connects to every TCP port the
-          ranks listen on (the torch store's included) and sends garbage; the job's next
-          collectives still give exact results.
+stranger  2 ranks over TCP (KOLO_TRANSPORT=tcp), rendezvous through a store that holds rank 1
+          back while rank 0 listens for it: the driver connects to rank 0's kolo port with
+          garbage (rank 0 must close it: refused) and silently (closed once the job formed);
+          then the port must be closed (the kernel refuses), the ranks must listen on no port
+          but torch's store, garbage at the store changes nothing, and the job stays exact.
+release   2 ranks: a sub-group used and destroyed (shutdown) leaves no thread, descriptor or
+          shared-memory object behind; on another, rank 0 queues three all_reduces that rank 1
+          never joins and aborts the group: abort() returns within 2 s (not the group's
+          timeout), all three works raise, rank 1's calls on that group raise at once naming
+          the abort, and again nothing is left behind.
 """
 import datetime
+import gc
 import os
 import signal
 import socket
@@ -25,6 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 TIMEOUT_S = 10
+# The timeouts under test are the groups' own (init_process_group's): kolo's knob would win.
+OWN_TIMEOUT = ["KOLO_TIMEOUT_SECONDS"]
 
 
 def rank_main(r, n, config):
@@ -33,7 +43,13 @@ def rank_main(r, n, config):
 
     mode = config["mode"]
     seconds = config.get("timeout", TIMEOUT_S)
-    dist.init_process_group("kolo", timeout=datetime.timedelta(seconds=seconds))
+    if mode == "stranger":
+        inner = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), n, r == 0,
+                              timeout=datetime.timedelta(seconds=60))
+        dist.init_process_group("kolo", store=GateStore(inner, r, config["go"]), rank=r,
+                                world_size=n, timeout=datetime.timedelta(seconds=seconds))
+    else:
+        dist.init_process_group("kolo", timeout=datetime.timedelta(seconds=seconds))
     if mode == "hang":
         if r == 1:
             time.sleep(seconds + 2)  # never calls; exits after rank 0 has given up
@@ -98,11 +114,11 @@ def rank_main(r, n, config):
         assert "allreduce" in errors[1] and "broadcast" in errors[1], errors[1]
         os._exit(0)  # the groups are aborted: skip the teardown collectives
     if mode == "stranger":
-        t = torch.ones(1000)
+        t = torch.ones(1000) * (r + 1)
         dist.all_reduce(t)  # connected
+        assert torch.all(t == n * (n + 1) / 2), t
         print(f"ready pid {os.getpid()}", flush=True)
-        while not os.path.exists(config["go"]):
-            time.sleep(0.05)
+        wait_for_file(config["go2"])
         for i in range(3):
             t = torch.full((1 << 16,), float(r + i))
             dist.all_reduce(t)
@@ -110,6 +126,141 @@ def rank_main(r, n, config):
         dist.barrier()
         print(f"rank {r}: exact after the stranger", flush=True)
         dist.destroy_process_group()
+    if mode == "release":
+        release_main(r, n)
+
+
+def wait_for_file(path, limit=60):
+    t0 = time.monotonic()
+    while not os.path.exists(path):
+        if time.monotonic() - t0 > limit:
+            raise AssertionError(f"{path} did not appear within {limit} s")
+        time.sleep(0.02)
+
+
+def gate_store_class():
+    import torch.distributed as dist
+
+    class GateStore(dist.Store):
+        """torch's TCPStore, but rank 1 stops inside kolo's setup — after the barrier that lets
+        rank 0 start accepting TCP connections, before it connects itself — until the driver
+        creates the file `go`. Meanwhile rank 0 listens with nobody but strangers to talk to."""
+
+        def __init__(self, inner, rank, go):
+            super().__init__()
+            self.inner, self.rank, self.go, self.gated = inner, rank, go, False
+
+        def get(self, key):
+            if self.rank == 1 and not self.gated and key.endswith("kolo/shm-created/count/done"):
+                self.gated = True
+                info = self.inner.get(key.replace("shm-created/count/done", "mesh/0")).decode()
+                print(f"gate: rank 0 listens at {info.split('|', 1)[1]}", flush=True)
+                wait_for_file(self.go)
+            return self.inner.get(key)
+
+        def set(self, key, value):
+            return self.inner.set(key, value)
+
+        def add(self, key, amount):
+            return self.inner.add(key, amount)
+
+        def check(self, keys):
+            return self.inner.check(keys)
+
+        def wait(self, keys, timeout=None):
+            return self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+
+        def compare_set(self, key, expected, desired):
+            return self.inner.compare_set(key, expected, desired)
+
+        def delete_key(self, key):
+            return self.inner.delete_key(key)
+
+        def num_keys(self):
+            return self.inner.num_keys()
+
+        def set_timeout(self, timeout):
+            return self.inner.set_timeout(timeout)
+
+    return GateStore
+
+
+def GateStore(inner, rank, go):  # noqa: N802 (a class made on first use: torch is imported late)
+    return gate_store_class()(inner, rank, go)
+
+
+def resources():
+    """This process's threads, descriptors and kolo shared-memory objects."""
+    shm = sorted(f for f in os.listdir("/dev/shm") if f.startswith("kolo"))
+    return {"threads": len(os.listdir("/proc/self/task")),
+            "fds": len(os.listdir("/proc/self/fd")), "shm": shm}
+
+
+def release_main(r, n):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(8)
+    dist.all_reduce(t)  # the default group stays up: the baseline includes it
+    gc.collect()
+    base = resources()
+    # shutdown: a group used and destroyed leaves nothing behind
+    g = dist.new_group(list(range(n)))
+    x = torch.ones(1 << 16)
+    works = [dist.all_reduce(x, group=g, async_op=True) for _ in range(4)]
+    for w in works:
+        w.wait()
+    assert torch.all(x == n ** 4), x[:4]
+    during = resources()
+    dist.destroy_process_group(g)
+    del g, works
+    gc.collect()
+    after = resources()
+    print(f"result: release: {base} before the sub-group, {during} with it, {after} after "
+          f"destroy_process_group", flush=True)
+    assert after == base, (base, after)
+    # abort: rank 0 queues work that rank 1 never joins, then aborts the group
+    g2 = dist.new_group(list(range(n)))
+    dist.barrier(group=g2)
+    if r == 0:
+        ws = [dist.all_reduce(torch.ones(1 << 10), group=g2, async_op=True) for _ in range(3)]
+        time.sleep(0.3)  # the first one runs: it waits for rank 1
+        t0 = time.monotonic()
+        dist.distributed_c10d._abort_process_group(g2)
+        took = time.monotonic() - t0
+        errors = []
+        for w in ws:
+            try:
+                w.wait()
+            except RuntimeError as e:
+                errors.append(str(e))
+        waited = time.monotonic() - t0
+        print(f"result: abort: returned after {took:.3f} s, {len(errors)} of 3 works raised "
+              f"within {waited:.3f} s: {[e[:90] for e in errors]}", flush=True)
+        assert len(errors) == 3 and took < 2 and waited < 2, (took, waited, errors)
+        dist.barrier()  # the default group: tell rank 1
+    else:
+        dist.barrier()
+        # Rank 0 sent its part of the first all_reduce before it aborted: rank 1's first call
+        # may still complete with it; one of the three it matches must raise, at once.
+        t0 = time.monotonic()
+        try:
+            for _ in range(3):
+                dist.all_reduce(torch.ones(1 << 10), group=g2)
+            raise AssertionError("three all_reduces on a group that rank 0 aborted returned")
+        except RuntimeError as e:
+            took = time.monotonic() - t0
+            print(f"result: abort: rank 1's calls raised after {took:.3f} s: {str(e)[:160]}",
+                  flush=True)
+            assert took < 2 and "abort" in str(e), (took, str(e))
+        dist.distributed_c10d._abort_process_group(g2)
+    del g2
+    gc.collect()
+    after = resources()
+    assert after == base, (base, after)
+    print(f"result: release: rank {r} after abort: {after}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def listening_ports(pid):
@@ -141,7 +292,7 @@ def alive(pids):
 
 
 def drive_kill(script):
-    config = {"name": "kill", "world": 3, "mode": "kill"}
+    config = {"name": "kill", "world": 3, "mode": "kill", "unset": OWN_TIMEOUT}
     procs, _ = harness.start_ranks(script, 3, config)
     # wait until rank 0 trains
     t0 = time.monotonic()
@@ -176,41 +327,88 @@ def drive_mismatch(script):
 
 
 def drive_hang(script):
-    config = {"name": "hang", "world": 2, "mode": "hang", "timeout": 4}
+    config = {"name": "hang", "world": 2, "mode": "hang", "timeout": 4, "unset": OWN_TIMEOUT}
     return harness.run_config(script, config, 60)
 
 
+def closed_by_peer(sock, limit):
+    """True when the other end closes (EOF or reset) within `limit` seconds."""
+    sock.settimeout(limit)
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < limit:
+            if not sock.recv(4096):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except (socket.timeout, TimeoutError):
+        return False
+    return False
+
+
+def read_until(proc, text, limit=60):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        line = proc.stdout.readline()
+        if text in line:
+            return line
+        if not line and proc.poll() is not None:
+            break
+    return ""
+
+
 def drive_stranger(script):
-    go = f"/tmp/kolo-stranger-go-{os.getpid()}"
-    config = {"name": "stranger", "world": 2, "mode": "stranger", "go": go,
+    tag = f"/tmp/kolo-stranger-{os.getpid()}"
+    go, go2 = tag + "-go", tag + "-go2"
+    config = {"name": "stranger", "world": 2, "mode": "stranger", "go": go, "go2": go2,
               "env": {"KOLO_TRANSPORT": "tcp"}}
-    procs, _ = harness.start_ranks(script, 2, config)
-    pids = []
-    for p in procs:
-        line = ""
-        t0 = time.monotonic()
-        while "ready pid" not in line and time.monotonic() - t0 < 60:
-            line = p.stdout.readline()
-            if not line and p.poll() is not None:
-                break
-        pids.append(p.pid)
-    poked = 0
-    for pid in pids:
-        for port in listening_ports(pid):
+    procs, store_port = harness.start_ranks(script, 2, config)
+    checks = {}
+    try:
+        line = read_until(procs[1], "gate: rank 0 listens at")
+        checks["rank 0 listened while rank 1 was held"] = bool(line)
+        if line:
+            host, port = line.split("listens at")[1].strip().rsplit(":", 1)
+            port = int(port)
+            garbage = socket.create_connection((host, port), timeout=5)
+            garbage.sendall(os.urandom(200) + b"GET / HTTP/1.0\r\n\r\n")
+            silent = socket.create_connection((host, port), timeout=5)
+            # rank 0 is accepting; rank 1 is still held: the garbage must be refused now
+            checks["garbage at rank 0's kolo port refused during setup"] = \
+                closed_by_peer(garbage, 15)
+            open(go, "w").close()
+            ready = [read_until(p, "ready pid") for p in procs]
+            checks["job formed"] = all(ready)
+            checks["silent stranger closed once the job formed"] = closed_by_peer(silent, 15)
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-                    s.sendall(os.urandom(200) + b"GET / HTTP/1.0\r\n\r\n")
-                    poked += 1
-            except OSError:
-                pass
-    open(go, "w").close()
-    outs = harness.finish(procs, 60)
-    os.unlink(go)
-    ok = all(rc == 0 for rc, _ in outs) and all("exact after the stranger" in o for _, o in outs)
-    print(f"  result: stranger: garbage sent to {poked} listening port(s); job exact: {ok}")
+                socket.create_connection((host, port), timeout=5).close()
+                checks["kolo port closed after setup (kernel refuses)"] = False
+            except ConnectionRefusedError:
+                checks["kolo port closed after setup (kernel refuses)"] = True
+            listening = [listening_ports(p.pid) for p in procs]
+            checks[f"ranks listen only on torch's store ({listening})"] = \
+                listening == [[store_port], []]
+            with socket.create_connection(("127.0.0.1", store_port), timeout=2) as s:
+                s.sendall(os.urandom(200) + b"GET / HTTP/1.0\r\n\r\n")
+    finally:
+        open(go, "w").close()
+        open(go2, "w").close()
+        outs = harness.finish(procs, 60)
+        os.unlink(go)
+        os.unlink(go2)
+    checks["job exact after the strangers"] = \
+        all(rc == 0 for rc, _ in outs) and all("exact after the stranger" in o for _, o in outs)
+    for name, ok in checks.items():
+        print(f"  result: stranger: {name}: {ok}")
+    ok = len(checks) == 7 and all(checks.values())
     if not ok:
         harness.report("stranger", outs)
     return ok
+
+
+def drive_release(script):
+    config = {"name": "release", "world": 2, "mode": "release", "unset": OWN_TIMEOUT}
+    return harness.run_config(script, config, 90)
 
 
 if __name__ == "__main__":
@@ -222,7 +420,7 @@ if __name__ == "__main__":
     script = os.path.abspath(sys.argv[0])
     passed = failed = 0
     for name, fn in (("kill", drive_kill), ("mismatch", drive_mismatch), ("hang", drive_hang),
-                     ("stranger", drive_stranger)):
+                     ("stranger", drive_stranger), ("release", drive_release)):
         if args.only and args.only not in name:
             continue
         t0 = time.monotonic()

@@ -15,7 +15,16 @@
 #include <stdexcept>
 #include <utility>
 
+#include <kolo/core/config.hpp>
 #include <kolo/topology/kv_store.hpp>
+
+#ifdef KOLO_TORCH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <kolo/transport/nccl.hpp>
+#endif
 
 namespace kolo_torch {
 namespace {
@@ -269,26 +278,27 @@ std::exception_ptr wrap(const std::exception& e) {
 
 // ---- KoloWork ----
 
-KoloWork::KoloWork(int rank, c10d::OpType op, const char* title, std::vector<at::Tensor> outputs)
+namespace {
+// The type of every work's future value (built once, not per operation).
+const c10::TypePtr& list_of_tensors() {
+  static const c10::TypePtr t = c10::ListType::create(c10::TensorType::get());
+  return t;
+}
+}  // namespace
+
+KoloWork::KoloWork(int rank, c10d::OpType op, const char* title, std::vector<at::Tensor> outputs,
+                   std::weak_ptr<Sched> sched)
     : c10d::Work(rank, op, title),
       outputs_(std::move(outputs)),
-      future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
-}
+      future_(c10::make_intrusive<c10::ivalue::Future>(list_of_tensors())),
+      sched_(std::move(sched)) {}
 
 // How long a waiting thread spins (yielding) before it blocks: KOLO_TORCH_SPIN_US, default 50.
 std::chrono::microseconds spin_budget() {
+  // Read through kolo's configuration table (name, range and error text in one place).
   static const std::chrono::microseconds us = [] {
-    if (const char* v = std::getenv("KOLO_TORCH_SPIN_US"); v != nullptr && *v != '\0') {
-      char* end = nullptr;
-      const long n = std::strtol(v, &end, 10);
-      if (end == v || *end != '\0' || n < 0 || n > 1000000) {
-        throw std::runtime_error(std::string("kolo: KOLO_TORCH_SPIN_US=") + v +
-                                 " is not a number of microseconds in 0..1000000");
-      }
-      return std::chrono::microseconds(n);
-    }
-    return std::chrono::microseconds(50);
+    const auto n = kolo::config::get_int(kolo::process_env(), kolo::config::vars::torch_spin_us);
+    return std::chrono::microseconds(n ? *n : 50);
   }();
   return us;
 }
@@ -306,11 +316,6 @@ bool spin_until(Pred pred) {
   return pred();
 }
 
-bool KoloWork::wait(std::chrono::milliseconds timeout) {
-  spin_until([this] { return done_.load(std::memory_order_acquire); });
-  return c10d::Work::wait(timeout);
-}
-
 void KoloWork::complete(std::exception_ptr error) {
   // The future first: a thread that wait()ed may read it as soon as the work is finished.
   if (error) {
@@ -324,29 +329,266 @@ void KoloWork::complete(std::exception_ptr error) {
 
 // ---- the queue ----
 
-struct KoloBackend::Task {
+struct Task {
   c10::intrusive_ptr<KoloWork> work;
   std::function<void(Task&)> body;
   // Set by a point-to-point body: true once the posted request completed (may throw).
   std::function<bool()> poll;
   // Runs after completion and before the work is marked done (copies back into user tensors).
   std::function<void()> after;
+  // A collective (not point to point): a caller's thread may run it (see kolo_backend.hpp).
+  bool here_ok = true;
+};
+
+struct Sched {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Task>> queue;
+  std::atomic<std::size_t> queued{0};  // queue.size(), readable without the lock
+  // One thread at a time uses the communicator: the worker (running a task, or polling its
+  // point-to-point requests) or a caller running an operation itself.
+  bool busy = false;
+  std::size_t posted = 0;  // the worker's point-to-point requests in flight
+  bool stopping = false;
+  bool aborting = false;
+  std::string stop_reason;
+
+  // Under mu: takes the communicator for a caller's thread when nothing runs, nothing is
+  // posted and the group is not stopping (the caller checks that nothing is queued before).
+  bool claim_locked() {
+    if (stopping || busy || posted != 0) return false;
+    busy = true;
+    return true;
+  }
+  // Gives the communicator back; wakes the worker (or stop()) only when one of them waits for
+  // it: waking an idle worker after every synchronous call would cost a context switch each.
+  void release() {
+    bool wake = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      busy = false;
+      wake = stopping || !queue.empty();
+    }
+    if (wake) cv.notify_all();
+  }
 };
 
 namespace {
+
+// Completes a task whose body (and poll) finished, or failed with `e`.
+void finish_task(Task& t, std::exception_ptr e) {
+  if (!e && t.after) {
+    try {
+      t.after();
+    } catch (const std::exception& x) {
+      e = wrap(x);
+    }
+  }
+  t.work->complete(e);
+}
+
+// Runs a collective task on the calling thread, which owns the communicator (Sched::busy),
+// copies the results back, releases the communicator, then completes the work: the future's
+// callbacks run on this thread without holding it (a callback may issue the next operation).
+void run_here(Sched& s, Task& t) {
+  // The caller may hold the GIL (a binding that keeps it): other Python threads run meanwhile.
+  std::optional<pybind11::gil_scoped_release> no_gil;
+  if (Py_IsInitialized() != 0 && PyGILState_Check() != 0) no_gil.emplace();
+  std::exception_ptr err;
+  try {
+    t.body(t);
+    if (t.after) t.after();
+  } catch (const std::exception& e) {
+    err = wrap(e);
+  }
+  t.after = nullptr;
+  s.release();
+  t.work->complete(err);
+}
+
+}  // namespace
+
+bool KoloWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout == ::kNoTimeout && !done_.load(std::memory_order_acquire)) {
+    // Next in line and not started: run it here rather than wait for the worker to.
+    if (auto s = sched_.lock()) {
+      std::shared_ptr<Task> mine;
+      {
+        std::lock_guard<std::mutex> lock(s->mu);
+        if (!s->queue.empty() && s->queue.front()->work.get() == this &&
+            s->queue.front()->here_ok && s->claim_locked()) {
+          mine = std::move(s->queue.front());
+          s->queue.pop_front();
+          s->queued.fetch_sub(1, std::memory_order_relaxed);
+        }
+      }
+      if (mine) run_here(*s, *mine);
+    }
+  }
+  spin_until([this] { return done_.load(std::memory_order_acquire); });
+  return c10d::Work::wait(timeout);
+}
+
+namespace {
 std::chrono::milliseconds effective_timeout(std::chrono::milliseconds torch_timeout) {
-  if (const char* v = std::getenv("KOLO_TIMEOUT_SECONDS"); v != nullptr && *v != '\0') {
+  if (kolo::config::detail::raw(kolo::process_env(), kolo::config::vars::timeout_seconds)) {
     return std::chrono::milliseconds(0);  // kolo's own knob wins (read by Topology::for_rank)
   }
   return torch_timeout;
 }
+
+// torch's asyncOp (torch >= 2.7): false for a call whose caller waits at once.
+template <class O>
+bool is_sync(const O& opts) {
+  if constexpr (requires { opts.asyncOp; }) {
+    return !opts.asyncOp;
+  } else {
+    return false;
+  }
+}
 }  // namespace
+
+// ---- CUDA tensors on kolo's NCCL transport (a build with KOLO_TORCH_CUDA) ----
+
+#ifdef KOLO_TORCH_CUDA
+// The group's Communicator<NcclTransport>, created on the first CUDA operation (by the worker or
+// a caller that owns the communicator, on every rank at the same point of the issue order: a
+// collective) on the device of that operation's tensor, through the group's store under keys
+// of its own. Ranks that never touch a CUDA tensor never create it, so CPU-only jobs on GPU
+// machines pay nothing and need no GPU each.
+class CudaPath {
+ public:
+  using Nccl = kolo::Communicator<kolo::NcclTransport>;
+
+  CudaPath(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+           std::chrono::milliseconds timeout)
+      : store_(std::move(store)), rank_(rank), size_(size), timeout_(timeout) {}
+
+  Nccl& comm(int device) {
+    if (comm_) {
+      if (device != device_) {
+        fail("CUDA tensors of one process group must be on one device: cuda:" +
+             std::to_string(device_) +
+             " was used first, this one is on cuda:" + std::to_string(device));
+      }
+      return *comm_;
+    }
+    if (!error_.empty()) fail(error_);
+    try {
+      kolo::Topology topo = kolo::Topology::for_rank(rank_, size_);
+      if (const auto t = effective_timeout(timeout_); t.count() > 0) {
+        topo.timeout_seconds = static_cast<double>(t.count()) / 1000.0;
+      }
+      // Read before the rendezvous, as the Communicator does: a bad value fails every rank.
+      const kolo::RouteMode mode = kolo::route_mode_from_env();
+      const kolo::MeshOptions mesh = kolo::MeshOptions::from_env();
+      kolo::CudaOptions cuda = kolo::CudaOptions::from_env();
+      cuda.device = device;  // the tensor's device, whatever KOLO_CUDA_DEVICE says
+      boot_ = std::make_unique<kolo::Bootstrap>(
+          std::move(topo), std::make_shared<C10dKvStore>(store_), "kolo-nccl/");
+      auto transport = std::make_unique<kolo::NcclTransport>(*boot_, mode, mesh, cuda);
+      comm_ = std::make_unique<Nccl>(std::move(transport));
+      device_ = device;
+      live_.store(comm_.get(), std::memory_order_release);
+    } catch (const std::exception& e) {
+      error_ = std::string("the NCCL communicator for CUDA tensors could not be created (rank ") +
+               std::to_string(rank_) + " of " + std::to_string(size_) +
+               ", cuda:" + std::to_string(device) + "): " + e.what() +
+               " (KOLO_NCCL=0 stages CUDA tensors through host memory instead)";
+      comm_.reset();
+      fail(error_);
+    }
+    return *comm_;
+  }
+
+  // Thread-safe: fails the operation running on the NCCL communicator (abort()).
+  void interrupt(const std::string& why) {
+    if (Nccl* c = live_.load(std::memory_order_acquire)) c->transport().interrupt(why);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<kolo::Bootstrap> boot_;
+  std::unique_ptr<Nccl> comm_;
+  std::atomic<Nccl*> live_{nullptr};
+  int device_ = -1;
+  std::string error_;
+};
+
+namespace {
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    fail(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(e) + ": " +
+         cudaGetErrorString(e));
+  }
+}
+
+// The point of the caller's current stream (on the tensor's device) at which the operation was
+// issued: kolo's stream waits for it, so the collective reads what the caller's kernels wrote.
+class ReadyEvent {
+ public:
+  explicit ReadyEvent(const at::Tensor& t) : device_(t.get_device()) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventRecord(event_, c10::cuda::getCurrentCUDAStream(device_).stream()),
+               "cudaEventRecord (the caller's stream)");
+  }
+  ReadyEvent(const ReadyEvent&) = delete;
+  ReadyEvent& operator=(const ReadyEvent&) = delete;
+  ~ReadyEvent() {
+    if (event_ != nullptr) (void)cudaEventDestroy(event_);
+  }
+  int device() const { return device_; }
+  // Makes kolo's stream wait for the caller's work (no host wait).
+  void block(cudaStream_t kolo_stream) const {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    cuda_check(cudaStreamWaitEvent(kolo_stream, event_, 0), "cudaStreamWaitEvent");
+  }
+
+ private:
+  int device_;
+  cudaEvent_t event_ = nullptr;
+};
+
+kolo::TensorView device_view(const at::Tensor& t, const char* op) {
+  return kolo::TensorView(t.data_ptr(), static_cast<std::size_t>(t.numel()), dtype_for(t, op),
+                          kolo::Device::cuda(t.get_device()));
+}
+
+}  // namespace
+#else
+class CudaPath {};
+#endif
+
+bool KoloBackend::built_with_cuda() {
+#ifdef KOLO_TORCH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool KoloBackend::on_nccl(const at::Tensor& t) const {
+#ifdef KOLO_TORCH_CUDA
+  return t.defined() && t.is_cuda() && t.is_contiguous() && !t.is_sparse() && cuda_ != nullptr;
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+// ---- the backend ----
 
 KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size),
       timeout_(timeout),
-      options_(c10::make_intrusive<Options>("kolo", timeout)) {
+      options_(c10::make_intrusive<Options>("kolo", timeout)),
+      sched_(std::make_shared<Sched>()) {
   try {
     spin_budget();  // KOLO_TORCH_SPIN_US is checked here, on every rank alike
     kolo::Topology topo = kolo::Topology::for_rank(rank, size);
@@ -358,6 +600,9 @@ KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     fail(std::string("could not start the process group (rank ") + std::to_string(rank) + " of " +
          std::to_string(size) + "): " + e.what());
   }
+#ifdef KOLO_TORCH_CUDA
+  cuda_ = std::make_unique<CudaPath>(store, rank, size, timeout);
+#endif
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -376,53 +621,67 @@ c10::intrusive_ptr<c10d::Backend> KoloBackend::create(const c10::intrusive_ptr<c
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::enqueue(c10d::OpType op, const char* title,
                                                     std::vector<at::Tensor> outputs,
-                                                    std::function<void(Task&)> body) {
+                                                    std::function<void(Task&)> body, bool sync) {
+  Sched& s = *sched_;
   auto task = std::make_shared<Task>();
-  task->work = c10::make_intrusive<KoloWork>(rank_, op, title, std::move(outputs));
+  task->work = c10::make_intrusive<KoloWork>(rank_, op, title, std::move(outputs), sched_);
   task->body = std::move(body);
+  task->here_ok = op != c10d::OpType::SEND && op != c10d::OpType::RECV;
+  bool here = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) fail(std::string(title) + ": " + stop_reason_);
-    queue_.push_back(task);
-    queued_.fetch_add(1, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.stopping) fail(std::string(title) + ": " + s.stop_reason);
     issued_.fetch_add(1, std::memory_order_relaxed);
+    // A synchronous call with nothing before it: run it on this thread (its caller waits anyway).
+    if (sync && task->here_ok && s.queue.empty() && s.claim_locked()) {
+      here = true;
+    } else {
+      s.queue.push_back(task);
+      s.queued.fetch_add(1, std::memory_order_release);
+    }
   }
-  cv_.notify_one();
+  if (here) {
+    run_here(s, *task);
+  } else {
+    s.cv.notify_one();
+  }
   return task->work;
 }
 
 void KoloBackend::worker_loop() {
+  Sched& s = *sched_;
   std::vector<std::shared_ptr<Task>> posted;  // point-to-point requests in flight
-  auto finish = [](Task& t, std::exception_ptr e) {
-    if (!e && t.after) {
-      try {
-        t.after();
-      } catch (const std::exception& x) {
-        e = wrap(x);
-      }
-    }
-    t.work->complete(e);
-  };
   for (;;) {
     std::shared_ptr<Task> task;
-    if (posted.empty()) spin_until([this] { return queued_.load(std::memory_order_acquire) > 0; });
+    if (posted.empty()) {
+      spin_until([&s] { return s.queued.load(std::memory_order_acquire) > 0; });
+    }
+    bool abort_posted = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      auto ready = [&] { return stopping_ || !queue_.empty(); };
+      std::unique_lock<std::mutex> lock(s.mu);
+      auto ready = [&] { return !s.busy && (s.stopping || !s.queue.empty()); };
       if (posted.empty()) {
-        cv_.wait(lock, ready);
+        s.cv.wait(lock, ready);
       } else {
         // Requests in flight progress in the transport; look at them again shortly (a
         // blocking sleep, not a spin: ranks may outnumber cores).
-        cv_.wait_for(lock, std::chrono::microseconds(100), ready);
+        s.cv.wait_for(lock, std::chrono::microseconds(100), ready);
+        if (s.busy) continue;  // (cannot happen while requests are posted; defensive)
       }
-      if (!queue_.empty()) {
-        task = std::move(queue_.front());
-        queue_.pop_front();
-        queued_.fetch_sub(1, std::memory_order_relaxed);
-      } else if (stopping_ && posted.empty()) {
-        return;
+      if (!s.queue.empty()) {
+        task = std::move(s.queue.front());
+        s.queue.pop_front();
+        s.queued.fetch_sub(1, std::memory_order_relaxed);
+      } else if (s.stopping && (posted.empty() || s.aborting)) {
+        if (posted.empty()) return;
+        abort_posted = true;
       }
+      s.busy = true;
+    }
+    if (abort_posted) {
+      const auto err = std::make_exception_ptr(std::runtime_error("kolo: " + s.stop_reason));
+      for (auto& t : posted) t->work->complete(err);
+      posted.clear();
     }
     if (task) {
       try {
@@ -430,10 +689,10 @@ void KoloBackend::worker_loop() {
         if (task->poll) {
           posted.push_back(task);
         } else {
-          finish(*task, nullptr);
+          finish_task(*task, nullptr);
         }
       } catch (const std::exception& e) {
-        finish(*task, wrap(e));
+        finish_task(*task, wrap(e));
       }
     }
     for (auto it = posted.begin(); it != posted.end();) {
@@ -446,33 +705,57 @@ void KoloBackend::worker_loop() {
         err = wrap(e);
       }
       if (done) {
-        finish(**it, err);
+        finish_task(**it, err);
         it = posted.erase(it);
       } else {
         ++it;
       }
     }
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.busy = false;
+      s.posted = posted.size();
+    }
+    s.cv.notify_all();  // stop() may wait for the communicator
   }
 }
 
 void KoloBackend::stop(bool abort_now, const std::string& why) {
+  Sched& s = *sched_;
   std::deque<std::shared_ptr<Task>> dropped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!stopping_) {
-      stopping_ = true;
-      stop_reason_ = why;
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.stopping) {
+      s.stopping = true;
+      s.stop_reason = why;
     }
     if (abort_now) {
-      dropped.swap(queue_);
-      queued_.store(0);
+      s.aborting = true;
+      dropped.swap(s.queue);
+      s.queued.store(0);
     }
   }
-  cv_.notify_all();
-  for (auto& t : dropped) {
-    t->work->complete(std::make_exception_ptr(std::runtime_error("kolo: " + why)));
+  s.cv.notify_all();
+  const auto err = std::make_exception_ptr(std::runtime_error("kolo: " + why));
+  for (auto& t : dropped) t->work->complete(err);
+  if (abort_now) {
+    // The operation running now (on the worker or a caller's thread) fails at its next look at
+    // the transport; kolo's abort then tells the peers, whose operations fail too.
+    const std::string reason = "rank " + std::to_string(rank_) + ": " + why;
+    if (comm_) comm_->transport().interrupt(reason);
+#ifdef KOLO_TORCH_CUDA
+    if (cuda_) cuda_->interrupt(reason);
+#endif
   }
   if (worker_.joinable()) worker_.join();
+  {
+    // A caller's thread may still own the communicator.
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.cv.wait(lock, [&s] { return !s.busy; });
+  }
+#ifdef KOLO_TORCH_CUDA
+  cuda_.reset();
+#endif
   comm_.reset();
 }
 
@@ -491,13 +774,30 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::allreduce(std::vector<at::Tensor>& t
   const at::Tensor& t = tensors[0];
   const kolo::ReduceOp op = reduce_op(opts.reduceOp, t.scalar_type(), "allreduce");
   const auto factor = premul_factor(opts.reduceOp);
+#ifdef KOLO_TORCH_CUDA
+  if (on_nccl(t)) {
+    dtype_for(t, "allreduce");
+    if (factor) t.mul_(*factor);  // on the caller's stream, before the ready point
+    auto ready = std::make_shared<ReadyEvent>(t);
+    return enqueue(
+        c10d::OpType::ALLREDUCE, "kolo:all_reduce", tensors,
+        [this, t, ready, op](Task& /*task*/) {
+          auto& c = cuda_->comm(ready->device());
+          ready->block(c.transport().stream());
+          c.allreduce(device_view(t, "allreduce"), op);
+        },
+        is_sync(opts));
+  }
+#endif
   auto s = std::make_shared<Staged>(stage(t, "allreduce"));
-  return enqueue(c10d::OpType::ALLREDUCE, "kolo:all_reduce", tensors,
-                 [this, s, op, factor](Task& task) {
-                   if (factor) s->host.mul_(*factor);
-                   comm_->allreduce(s->view("allreduce"), op);
-                   task.after = [s] { s->write_back(); };
-                 });
+  return enqueue(
+      c10d::OpType::ALLREDUCE, "kolo:all_reduce", tensors,
+      [this, s, op, factor](Task& task) {
+        if (factor) s->host.mul_(*factor);
+        comm_->allreduce(s->view("allreduce"), op);
+        task.after = [s] { s->write_back(); };
+      },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::allreduce_coalesced(
@@ -511,12 +811,14 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::allreduce_coalesced(
   for (const auto& t : tensors) host.push_back(stage(t, "allreduce_coalesced").host);
   auto flat = std::make_shared<at::Tensor>(gather_flat(host, tensors[0]));
   auto outs = std::make_shared<std::vector<at::Tensor>>(tensors);
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "kolo:all_reduce_coalesced", tensors,
-                 [this, flat, outs, op, factor](Task& task) {
-                   if (factor) flat->mul_(*factor);
-                   comm_->allreduce(view_of(*flat, "allreduce_coalesced"), op);
-                   task.after = [flat, outs] { scatter_flat(*flat, *outs); };
-                 });
+  return enqueue(
+      c10d::OpType::ALLREDUCE_COALESCED, "kolo:all_reduce_coalesced", tensors,
+      [this, flat, outs, op, factor](Task& task) {
+        if (factor) flat->mul_(*factor);
+        comm_->allreduce(view_of(*flat, "allreduce_coalesced"), op);
+        task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+      },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::broadcast(std::vector<at::Tensor>& tensors,
@@ -525,11 +827,29 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::broadcast(std::vector<at::Tensor>& t
   check_root(static_cast<int>(opts.rootRank), size_, "broadcast");
   if (opts.rootTensor != 0) fail("broadcast: rootTensor must be 0");
   const int root = static_cast<int>(opts.rootRank);
+#ifdef KOLO_TORCH_CUDA
+  if (on_nccl(tensors[0])) {
+    const at::Tensor t = tensors[0];
+    dtype_for(t, "broadcast");
+    auto ready = std::make_shared<ReadyEvent>(t);
+    return enqueue(
+        c10d::OpType::BROADCAST, "kolo:broadcast", tensors,
+        [this, t, ready, root](Task& /*task*/) {
+          auto& c = cuda_->comm(ready->device());
+          ready->block(c.transport().stream());
+          c.broadcast(device_view(t, "broadcast"), root);
+        },
+        is_sync(opts));
+  }
+#endif
   auto s = std::make_shared<Staged>(stage(tensors[0], "broadcast", rank_ == root));
-  return enqueue(c10d::OpType::BROADCAST, "kolo:broadcast", tensors, [this, s, root](Task& task) {
-    comm_->broadcast(s->view("broadcast"), root);
-    task.after = [s] { s->write_back(); };
-  });
+  return enqueue(
+      c10d::OpType::BROADCAST, "kolo:broadcast", tensors,
+      [this, s, root](Task& task) {
+        comm_->broadcast(s->view("broadcast"), root);
+        task.after = [s] { s->write_back(); };
+      },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::reduce(std::vector<at::Tensor>& tensors,
@@ -541,18 +861,20 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::reduce(std::vector<at::Tensor>& tens
   const kolo::ReduceOp op = reduce_op(opts.reduceOp, t.scalar_type(), "reduce");
   const auto factor = premul_factor(opts.reduceOp);
   auto s = std::make_shared<Staged>(stage(t, "reduce"));
-  return enqueue(c10d::OpType::REDUCE, "kolo:reduce", tensors,
-                 [this, s, op, root, factor](Task& task) {
-                   if (factor) s->host.mul_(*factor);
-                   const kolo::TensorView v = s->view("reduce");
-                   comm_->reduce(v, v, op, root);
-                   if (rank_ == root) task.after = [s] { s->write_back(); };
-                 });
+  return enqueue(
+      c10d::OpType::REDUCE, "kolo:reduce", tensors,
+      [this, s, op, root, factor](Task& task) {
+        if (factor) s->host.mul_(*factor);
+        const kolo::TensorView v = s->view("reduce");
+        comm_->reduce(v, v, op, root);
+        if (rank_ == root) task.after = [s] { s->write_back(); };
+      },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
-                                                      const c10d::AllgatherOptions& /*opts*/) {
+                                                      const c10d::AllgatherOptions& opts) {
   check_single(inputs, "allgather");
   if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
     fail("allgather: expects one output list of " + std::to_string(size_) + " tensors");
@@ -572,16 +894,18 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::allgather(std::vector<std::vector<at
          std::to_string(counts[static_cast<std::size_t>(rank_)]) +
          " elements but this rank's input has " + std::to_string(in.numel()));
   }
-  return enqueue(c10d::OpType::ALLGATHER, "kolo:all_gather", outputs[0],
-                 [this, s, outs, counts, uniform](Task& task) {
-                   auto flat = std::make_shared<at::Tensor>(flat_like(*outs, s->host));
-                   if (uniform) {
-                     comm_->allgather(s->view("allgather"), view_of(*flat, "allgather"));
-                   } else {
-                     comm_->allgatherv(s->view("allgather"), view_of(*flat, "allgather"), counts);
-                   }
-                   task.after = [flat, outs] { scatter_flat(*flat, *outs); };
-                 });
+  return enqueue(
+      c10d::OpType::ALLGATHER, "kolo:all_gather", outputs[0],
+      [this, s, outs, counts, uniform](Task& task) {
+        auto flat = std::make_shared<at::Tensor>(flat_like(*outs, s->host));
+        if (uniform) {
+          comm_->allgather(s->view("allgather"), view_of(*flat, "allgather"));
+        } else {
+          comm_->allgatherv(s->view("allgather"), view_of(*flat, "allgather"), counts);
+        }
+        task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+      },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -589,8 +913,8 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::_allgather_base(at::Tensor& output, 
   return all_gather_single(output, input, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> KoloBackend::all_gather_single(
-    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
+c10::intrusive_ptr<c10d::Work> KoloBackend::all_gather_single(at::Tensor& output, at::Tensor& input,
+                                                              const c10d::AllgatherOptions& opts) {
   if (output.scalar_type() != input.scalar_type()) {
     fail("all_gather_into_tensor: output and input dtypes differ");
   }
@@ -599,21 +923,37 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::all_gather_single(
          " elements, expected world size x input = " + std::to_string(size_) + " x " +
          std::to_string(input.numel()));
   }
+#ifdef KOLO_TORCH_CUDA
+  if (on_nccl(input) && on_nccl(output) && input.get_device() == output.get_device()) {
+    dtype_for(input, "all_gather_into_tensor");
+    auto ready = std::make_shared<ReadyEvent>(output);
+    return enqueue(
+        c10d::OpType::_ALLGATHER_BASE, "kolo:all_gather_into_tensor", {output},
+        [this, input, output, ready](Task& /*task*/) {
+          auto& c = cuda_->comm(ready->device());
+          ready->block(c.transport().stream());
+          c.allgather(device_view(input, "all_gather_into_tensor"),
+                      device_view(output, "all_gather_into_tensor"));
+        },
+        is_sync(opts));
+  }
+#endif
   auto in = std::make_shared<Staged>(stage(input, "all_gather_into_tensor"));
   auto out = std::make_shared<Staged>(stage(output, "all_gather_into_tensor", false));
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, "kolo:all_gather_into_tensor", {output},
-                 [this, in, out](Task& task) {
-                   comm_->allgather(in->view("all_gather_into_tensor"),
-                                    out->view("all_gather_into_tensor"));
-                   task.after = [out] { out->write_back(); };
-                 });
+  return enqueue(
+      c10d::OpType::_ALLGATHER_BASE, "kolo:all_gather_into_tensor", {output},
+      [this, in, out](Task& task) {
+        comm_->allgather(in->view("all_gather_into_tensor"), out->view("all_gather_into_tensor"));
+        task.after = [out] { out->write_back(); };
+      },
+      is_sync(opts));
 }
 
 // outputs[q][i] receives rank q's inputs[i]: every input goes into one flat buffer, one
 // allgather moves all of them, and the blocks are unpacked per rank and input.
 c10::intrusive_ptr<c10d::Work> KoloBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& /*opts*/) {
+    const c10d::AllgatherOptions& opts) {
   if (inputs.empty()) fail("allgather_coalesced: no input tensors");
   if (static_cast<int>(outputs.size()) != size_) {
     fail("allgather_coalesced: " + std::to_string(outputs.size()) +
@@ -640,14 +980,16 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::allgather_coalesced(
   }
   auto flat_in = std::make_shared<at::Tensor>(gather_flat(host, inputs[0]));
   auto outs = std::make_shared<std::vector<at::Tensor>>(all_outputs);
-  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "kolo:all_gather_coalesced", all_outputs,
-                 [this, flat_in, outs](Task& task) {
-                   auto flat_out = std::make_shared<at::Tensor>(
-                       at::empty({flat_in->numel() * size_}, flat_in->options()));
-                   comm_->allgather(view_of(*flat_in, "allgather_coalesced"),
-                                    view_of(*flat_out, "allgather_coalesced"));
-                   task.after = [flat_out, outs] { scatter_flat(*flat_out, *outs); };
-                 });
+  return enqueue(
+      c10d::OpType::ALLGATHER_COALESCED, "kolo:all_gather_coalesced", all_outputs,
+      [this, flat_in, outs](Task& task) {
+        auto flat_out =
+            std::make_shared<at::Tensor>(at::empty({flat_in->numel() * size_}, flat_in->options()));
+        comm_->allgather(view_of(*flat_in, "allgather_coalesced"),
+                         view_of(*flat_out, "allgather_coalesced"));
+        task.after = [flat_out, outs] { scatter_flat(*flat_out, *outs); };
+      },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::allgather_into_tensor_coalesced(
@@ -658,7 +1000,7 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::allgather_into_tensor_coalesced(
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::all_gather_single_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& /*opts*/) {
+    const c10d::AllgatherOptions& opts) {
   if (outputs.size() != inputs.size()) fail("allgather_into_tensor_coalesced: count mismatch");
   std::vector<std::pair<std::shared_ptr<Staged>, std::shared_ptr<Staged>>> pairs;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -670,16 +1012,17 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::all_gather_single_coalesced(
     pairs.emplace_back(std::make_shared<Staged>(stage(inputs[i], "allgather_into_tensor")),
                        std::make_shared<Staged>(stage(outputs[i], "allgather_into_tensor", false)));
   }
-  return enqueue(c10d::OpType::COALESCED, "kolo:all_gather_into_tensor_coalesced", outputs,
-                 [this, pairs](Task& task) {
-                   for (const auto& [in, out] : pairs) {
-                     comm_->allgather(in->view("allgather_into_tensor"),
-                                      out->view("allgather_into_tensor"));
-                   }
-                   task.after = [pairs] {
-                     for (const auto& p : pairs) p.second->write_back();
-                   };
-                 });
+  return enqueue(
+      c10d::OpType::COALESCED, "kolo:all_gather_into_tensor_coalesced", outputs,
+      [this, pairs](Task& task) {
+        for (const auto& [in, out] : pairs) {
+          comm_->allgather(in->view("allgather_into_tensor"), out->view("allgather_into_tensor"));
+        }
+        task.after = [pairs] {
+          for (const auto& p : pairs) p.second->write_back();
+        };
+      },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -705,15 +1048,18 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::gather(std::vector<std::vector<at::T
   }
   auto s = std::make_shared<Staged>(stage(in, "gather"));
   auto outs = std::make_shared<std::vector<at::Tensor>>(outs_list);
-  return enqueue(c10d::OpType::GATHER, "kolo:gather", outs_list, [this, s, outs, root](Task& task) {
-    if (rank_ == root) {
-      auto flat = std::make_shared<at::Tensor>(flat_like(*outs, s->host));
-      comm_->gather(s->view("gather"), view_of(*flat, "gather"), root);
-      task.after = [flat, outs] { scatter_flat(*flat, *outs); };
-    } else {
-      comm_->gather(s->view("gather"), kolo::TensorView(), root);
-    }
-  });
+  return enqueue(
+      c10d::OpType::GATHER, "kolo:gather", outs_list,
+      [this, s, outs, root](Task& task) {
+        if (rank_ == root) {
+          auto flat = std::make_shared<at::Tensor>(flat_like(*outs, s->host));
+          comm_->gather(s->view("gather"), view_of(*flat, "gather"), root);
+          task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+        } else {
+          comm_->gather(s->view("gather"), kolo::TensorView(), root);
+        }
+      },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -740,10 +1086,14 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::scatter(std::vector<at::Tensor>& out
     fail("scatter: only the root (rank " + std::to_string(root) + ") passes input tensors");
   }
   auto s = std::make_shared<Staged>(stage(out, "scatter", false));
-  return enqueue(c10d::OpType::SCATTER, "kolo:scatter", outputs, [this, s, flat, root](Task& task) {
-    comm_->scatter(flat ? view_of(*flat, "scatter") : kolo::TensorView(), s->view("scatter"), root);
-    task.after = [s] { s->write_back(); };
-  });
+  return enqueue(
+      c10d::OpType::SCATTER, "kolo:scatter", outputs,
+      [this, s, flat, root](Task& task) {
+        comm_->scatter(flat ? view_of(*flat, "scatter") : kolo::TensorView(), s->view("scatter"),
+                       root);
+        task.after = [s] { s->write_back(); };
+      },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter(
@@ -765,13 +1115,14 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter(
   const auto factor = premul_factor(opts.reduceOp);
   auto flat = std::make_shared<at::Tensor>(gather_flat(host, out));
   auto s = std::make_shared<Staged>(stage(out, "reduce_scatter", false));
-  return enqueue(c10d::OpType::REDUCE_SCATTER, "kolo:reduce_scatter", outputs,
-                 [this, s, flat, op, factor](Task& task) {
-                   if (factor) flat->mul_(*factor);
-                   comm_->reduce_scatter(view_of(*flat, "reduce_scatter"),
-                                         s->view("reduce_scatter"), op);
-                   task.after = [s] { s->write_back(); };
-                 });
+  return enqueue(
+      c10d::OpType::REDUCE_SCATTER, "kolo:reduce_scatter", outputs,
+      [this, s, flat, op, factor](Task& task) {
+        if (factor) flat->mul_(*factor);
+        comm_->reduce_scatter(view_of(*flat, "reduce_scatter"), s->view("reduce_scatter"), op);
+        task.after = [s] { s->write_back(); };
+      },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::_reduce_scatter_base(
@@ -791,16 +1142,34 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter_single(
   }
   const kolo::ReduceOp op = reduce_op(opts.reduceOp, output.scalar_type(), "reduce_scatter");
   const auto factor = premul_factor(opts.reduceOp);
+#ifdef KOLO_TORCH_CUDA
+  if (on_nccl(input) && on_nccl(output) && input.get_device() == output.get_device()) {
+    dtype_for(input, "reduce_scatter_tensor");
+    // PREMUL_SUM scales a copy (on the caller's stream, before the ready point).
+    const at::Tensor in = factor ? input.mul(*factor) : input;
+    auto ready = std::make_shared<ReadyEvent>(output);
+    return enqueue(
+        c10d::OpType::_REDUCE_SCATTER_BASE, "kolo:reduce_scatter_tensor", {output},
+        [this, in, output, ready, op](Task& /*task*/) {
+          auto& c = cuda_->comm(ready->device());
+          ready->block(c.transport().stream());
+          c.reduce_scatter(device_view(in, "reduce_scatter_tensor"),
+                           device_view(output, "reduce_scatter_tensor"), op);
+        },
+        is_sync(opts));
+  }
+#endif
   // The input is scaled in place for PREMUL_SUM: take a copy then.
   auto in = std::make_shared<Staged>(stage(factor ? input.clone() : input, "reduce_scatter"));
   auto out = std::make_shared<Staged>(stage(output, "reduce_scatter", false));
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "kolo:reduce_scatter_tensor", {output},
-                 [this, in, out, op, factor](Task& task) {
-                   if (factor) in->host.mul_(*factor);
-                   comm_->reduce_scatter(in->view("reduce_scatter"), out->view("reduce_scatter"),
-                                         op);
-                   task.after = [out] { out->write_back(); };
-                 });
+  return enqueue(
+      c10d::OpType::_REDUCE_SCATTER_BASE, "kolo:reduce_scatter_tensor", {output},
+      [this, in, out, op, factor](Task& task) {
+        if (factor) in->host.mul_(*factor);
+        comm_->reduce_scatter(in->view("reduce_scatter"), out->view("reduce_scatter"), op);
+        task.after = [out] { out->write_back(); };
+      },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter_tensor_coalesced(
@@ -827,17 +1196,19 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter_single_coalesced(
         std::make_shared<Staged>(stage(factor ? inputs[i].clone() : inputs[i], "reduce_scatter")),
         std::make_shared<Staged>(stage(outputs[i], "reduce_scatter", false)));
   }
-  return enqueue(c10d::OpType::COALESCED, "kolo:reduce_scatter_tensor_coalesced", outputs,
-                 [this, pairs, ops, factor](Task& task) {
-                   for (std::size_t i = 0; i < pairs.size(); ++i) {
-                     if (factor) pairs[i].first->host.mul_(*factor);
-                     comm_->reduce_scatter(pairs[i].first->view("reduce_scatter"),
-                                           pairs[i].second->view("reduce_scatter"), ops[i]);
-                   }
-                   task.after = [pairs] {
-                     for (const auto& p : pairs) p.second->write_back();
-                   };
-                 });
+  return enqueue(
+      c10d::OpType::COALESCED, "kolo:reduce_scatter_tensor_coalesced", outputs,
+      [this, pairs, ops, factor](Task& task) {
+        for (std::size_t i = 0; i < pairs.size(); ++i) {
+          if (factor) pairs[i].first->host.mul_(*factor);
+          comm_->reduce_scatter(pairs[i].first->view("reduce_scatter"),
+                                pairs[i].second->view("reduce_scatter"), ops[i]);
+        }
+        task.after = [pairs] {
+          for (const auto& p : pairs) p.second->write_back();
+        };
+      },
+      is_sync(opts));
 }
 
 namespace {
@@ -881,27 +1252,46 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::alltoall_base(at::Tensor& output, at
   return all_to_all_single(output, input, output_splits, input_splits, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> KoloBackend::all_to_all_single(
-    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
-    std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& /*opts*/) {
+c10::intrusive_ptr<c10d::Work> KoloBackend::all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                              std::vector<int64_t>& output_splits,
+                                                              std::vector<int64_t>& input_splits,
+                                                              const c10d::AllToAllOptions& opts) {
   if (output.scalar_type() != input.scalar_type()) {
     fail("all_to_all_single: output and input dtypes differ");
   }
   const auto send = split_counts(input, input_splits, size_, "input");
   const auto recv = split_counts(output, output_splits, size_, "output");
+#ifdef KOLO_TORCH_CUDA
+  const bool even =
+      std::all_of(send.begin(), send.end(), [&](auto c) { return c == send[0]; }) && recv == send;
+  if (even && on_nccl(input) && on_nccl(output) && input.get_device() == output.get_device()) {
+    dtype_for(input, "all_to_all_single");
+    auto ready = std::make_shared<ReadyEvent>(output);
+    return enqueue(
+        c10d::OpType::ALLTOALL_BASE, "kolo:all_to_all_single", {output},
+        [this, input, output, ready](Task& /*task*/) {
+          auto& c = cuda_->comm(ready->device());
+          ready->block(c.transport().stream());
+          c.alltoall(device_view(input, "all_to_all_single"),
+                     device_view(output, "all_to_all_single"));
+        },
+        is_sync(opts));
+  }
+#endif
   auto in = std::make_shared<Staged>(stage(input, "all_to_all_single"));
   auto out = std::make_shared<Staged>(stage(output, "all_to_all_single", false));
-  return enqueue(c10d::OpType::ALLTOALL_BASE, "kolo:all_to_all_single", {output},
-                 [this, in, out, send, recv](Task& task) {
-                   comm_->alltoallv(in->view("all_to_all_single"), send,
-                                    out->view("all_to_all_single"), recv);
-                   task.after = [out] { out->write_back(); };
-                 });
+  return enqueue(
+      c10d::OpType::ALLTOALL_BASE, "kolo:all_to_all_single", {output},
+      [this, in, out, send, recv](Task& task) {
+        comm_->alltoallv(in->view("all_to_all_single"), send, out->view("all_to_all_single"), recv);
+        task.after = [out] { out->write_back(); };
+      },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                      std::vector<at::Tensor>& inputs,
-                                                     const c10d::AllToAllOptions& /*opts*/) {
+                                                     const c10d::AllToAllOptions& opts) {
   if (static_cast<int>(outputs.size()) != size_ || static_cast<int>(inputs.size()) != size_) {
     fail("all_to_all: expects " + std::to_string(size_) + " input and output tensors");
   }
@@ -918,18 +1308,21 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::alltoall(std::vector<at::Tensor>& ou
   for (const auto& o : outputs) recv.push_back(static_cast<std::size_t>(o.numel()));
   auto flat_in = std::make_shared<at::Tensor>(gather_flat(host, inputs[0]));
   auto outs = std::make_shared<std::vector<at::Tensor>>(outputs);
-  return enqueue(c10d::OpType::ALLTOALL, "kolo:all_to_all", outputs,
-                 [this, flat_in, outs, send, recv](Task& task) {
-                   auto flat_out = std::make_shared<at::Tensor>(flat_like(*outs, *flat_in));
-                   comm_->alltoallv(view_of(*flat_in, "all_to_all"), send,
-                                    view_of(*flat_out, "all_to_all"), recv);
-                   task.after = [flat_out, outs] { scatter_flat(*flat_out, *outs); };
-                 });
+  return enqueue(
+      c10d::OpType::ALLTOALL, "kolo:all_to_all", outputs,
+      [this, flat_in, outs, send, recv](Task& task) {
+        auto flat_out = std::make_shared<at::Tensor>(flat_like(*outs, *flat_in));
+        comm_->alltoallv(view_of(*flat_in, "all_to_all"), send, view_of(*flat_out, "all_to_all"),
+                         recv);
+        task.after = [flat_out, outs] { scatter_flat(*flat_out, *outs); };
+      },
+      is_sync(opts));
 }
 
-c10::intrusive_ptr<c10d::Work> KoloBackend::barrier(const c10d::BarrierOptions& /*opts*/) {
-  return enqueue(c10d::OpType::BARRIER, "kolo:barrier", {},
-                 [this](Task& /*task*/) { comm_->barrier(); });
+c10::intrusive_ptr<c10d::Work> KoloBackend::barrier(const c10d::BarrierOptions& opts) {
+  return enqueue(
+      c10d::OpType::BARRIER, "kolo:barrier", {}, [this](Task& /*task*/) { comm_->barrier(); },
+      is_sync(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::send(std::vector<at::Tensor>& tensors, int dst,
@@ -980,6 +1373,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("create_backend", &kolo_torch::KoloBackend::create, pybind11::arg("store"),
         pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
         "Creates the kolo backend of one process group: (store, rank, world size, timeout).");
+  m.def("built_with_cuda", &kolo_torch::KoloBackend::built_with_cuda,
+        "True when this build sends contiguous CUDA tensors through kolo's NCCL transport "
+        "(installed with KOLO_TORCH_CUDA=1); False: CUDA tensors are staged through host memory.");
   m.def(
       "communicator_allreduce_",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, at::Tensor& t) {

@@ -1,12 +1,24 @@
 // kolo_backend.hpp — kolo as a torch.distributed backend ("kolo"): a c10d::Backend whose
 // collectives run on kolo's Communicator, bootstrapped through the c10d::Store torch hands it.
 //
-// Threading: every call from Python only validates its arguments and queues a task; one worker
-// thread per backend runs the tasks in issue order, so the calling thread never blocks on
-// communication (DDP's reducer relies on that). Point-to-point operations are posted without
+// Threading: every asynchronous call from Python only validates its arguments and queues a task;
+// one worker thread per backend runs the tasks in issue order, so the calling thread never blocks
+// on communication (DDP's reducer relies on that). Point-to-point operations are posted without
 // waiting and completed as the transport delivers them, so a rank may isend to a peer and then
 // irecv from it. Each task completes its KoloWork: wait() returns or rethrows, and getFuture()'s
 // future is marked completed with the output tensors (or with the error).
+//
+// The caller's thread runs an operation itself in two cases, both where it would otherwise only
+// wait: a synchronous call (torch's asyncOp = false) issued while nothing is queued or running,
+// and wait() without a timeout on a work that is next in line and not started. Either way the
+// order of issue is kept (one thread at a time owns the communicator), and the data is reduced
+// on the core that last touched it, without a hand-off to the worker and back.
+//
+// CUDA tensors: in a build with CUDA (KOLO_TORCH_CUDA=1 at install), contiguous CUDA tensors of
+// allreduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single
+// (equal splits) go to a kolo Communicator<NcclTransport> created on the group's first such
+// call, after kolo's stream has waited for the caller's current stream; every other CUDA
+// tensor, and every CUDA tensor in a CPU build, is staged through host memory.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -30,14 +42,21 @@
 
 namespace kolo_torch {
 
+struct Task;   // one queued operation
+struct Sched;  // the queue and who owns the communicator (shared with the works)
+class CudaPath;
+
 // The result of one operation: torch's Work, plus the future DDP's reducer and comm hooks use.
 class KoloWork : public c10d::Work {
  public:
-  KoloWork(int rank, c10d::OpType op, const char* title, std::vector<at::Tensor> outputs);
+  KoloWork(int rank, c10d::OpType op, const char* title, std::vector<at::Tensor> outputs,
+           std::weak_ptr<Sched> sched);
 
   std::vector<at::Tensor> result() override { return outputs_; }
-  // Spins briefly (yielding the core) before blocking: a small collective completes within
-  // microseconds, and a blocked thread's wake-up costs tens of them on a loaded VM.
+  // Without a timeout, runs the operation on this thread when it is next in line and has not
+  // started. Then spins briefly (yielding the core) before blocking: a small collective
+  // completes within microseconds, and a blocked thread's wake-up costs tens of them on a
+  // loaded VM.
   bool wait(std::chrono::milliseconds timeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   int sourceRank() const override { return source_rank_; }
@@ -51,6 +70,7 @@ class KoloWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int source_rank_ = -1;
   std::atomic<bool> done_{false};
+  std::weak_ptr<Sched> sched_;
 };
 
 class KoloBackend : public c10d::Backend {
@@ -141,33 +161,36 @@ class KoloBackend : public c10d::Backend {
                                           const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
 
-  // Fails every queued and running operation and releases the connections; later calls raise.
+  // Fails every queued operation at once, interrupts the running one (it fails on this rank
+  // and, through kolo's abort, on its peers), joins the worker and releases the connections;
+  // later calls raise.
   void abort() override;
   // Finishes the queued operations, then releases everything.
   void shutdown() override;
 
   // For tests and benchmarks: the kolo communicator under this backend.
   Comm& communicator() { return *comm_; }
+  // True when this extension was built with CUDA (the NCCL path for CUDA tensors).
+  static bool built_with_cuda();
 
  private:
-  struct Task;
+  // Queues `body` (or, for a synchronous call with nothing queued or running, runs it on the
+  // calling thread) and returns its work.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType op, const char* title,
                                          std::vector<at::Tensor> outputs,
-                                         std::function<void(Task&)> body);
+                                         std::function<void(Task&)> body, bool sync = false);
   void worker_loop();
   void stop(bool abort_now, const std::string& why);
+  // True when `t` takes the NCCL path (a CUDA build, a contiguous CUDA tensor).
+  bool on_nccl(const at::Tensor& t) const;
 
   std::unique_ptr<Comm> comm_;
+  std::unique_ptr<CudaPath> cuda_;  // nullptr in a CPU build
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<Options> options_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Task>> queue_;
-  std::atomic<std::size_t> queued_{0};
-  std::atomic<std::uint64_t> issued_{0};  // queue_.size(), readable without the lock
-  bool stopping_ = false;
-  std::string stop_reason_;
+  std::shared_ptr<Sched> sched_;
+  std::atomic<std::uint64_t> issued_{0};  // operations issued so far
   std::thread worker_;
 };
 

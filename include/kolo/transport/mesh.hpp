@@ -294,6 +294,23 @@ class MeshTransport {
 
   bool aborted() const { return aborted_; }
 
+  // The one thread-safe call: asks whatever runs on this transport in another thread (a
+  // collective, a wait on a request) to fail with an Error carrying `why`, at its next look at
+  // the transport (at once under shared memory, whose bell it rings; within 200 ms over TCP).
+  // The failure then aborts the transport as any error does, so the peers fail too. For layers
+  // that must stop a running operation from outside (kolo_torch's ProcessGroup abort()).
+  void interrupt(const std::string& why) {
+    int expect = 0;
+    if (interrupt_state_.compare_exchange_strong(expect, 1, std::memory_order_acq_rel)) {
+      interrupt_why_ = why;
+      interrupt_state_.store(2, std::memory_order_release);
+    }
+    if (bell_fd_ >= 0) {
+      const char b = 1;
+      [[maybe_unused]] const ssize_t k = ::write(bell_fd_, &b, 1);  // EAGAIN: already rung
+    }
+  }
+
   // Non-blocking: makes progress and throws this transport's error if it has been aborted
   // here or by a peer, or a peer has gone. For callers that wait on something else (a CUDA
   // stream, an NCCL kernel) and must still notice a failing job.
@@ -704,6 +721,7 @@ class MeshTransport {
   }
 
   void check_abort_flag() {
+    if (interrupt_state_.load(std::memory_order_acquire) == 2) throw Error(interrupt_why_);
     if (ctrl_ && ctrl_->aborted.load(std::memory_order_acquire) == 2) {
       abort_origin_ = ctrl_->abort_origin;
       throw_remote(static_cast<ErrorKind>(ctrl_->abort_kind), ctrl_->abort_origin,
@@ -1258,6 +1276,9 @@ class MeshTransport {
   ErrorKind error_kind_ = ErrorKind::generic;
   std::string error_what_;
   int abort_origin_ = -1;
+  // interrupt(): 0 none, 1 being set, 2 set (interrupt_why_ written before)
+  std::atomic<int> interrupt_state_{0};
+  std::string interrupt_why_;
 };
 
 static_assert(Transport<MeshTransport>);
