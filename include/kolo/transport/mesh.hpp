@@ -273,25 +273,14 @@ class MeshTransport {
   }
 
   void check_abort_flag() {
-    if (own_.abort_posted()) {
-      const detail::ShmAbortRecord a = own_.abort_record();
-      abort_origin_ = a.origin;
-      throw_remote(a.kind, a.origin, a.reason);
-    }
+    if (own_.abort_posted()) throw_remote(own_.abort_record());
   }
 
-  [[noreturn]] void throw_remote(ErrorKind kind, int origin, const std::string& reason) {
-    abort_origin_ = origin;
-    // The reason comes off the wire: a NUL in it would cut what() short (losing the tag below)
-    // and control bytes would garble logs, so they are shown as '?'.
-    std::string msg = reason;
-    for (char& c : msg) {
-      const auto u = static_cast<unsigned char>(c);
-      if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7f) c = '?';
-    }
-    const std::string tag = "[reported by rank " + std::to_string(origin) + "]";
-    if (msg.find("[reported by rank") == std::string::npos) msg += " " + tag;
-    throw_error(kind, msg);
+  // Another rank's error, thrown here as the same exception class (and forwarded by abort()
+  // with its origin kept).
+  [[noreturn]] void throw_remote(const detail::RemoteAbort& a) {
+    abort_origin_ = a.origin;
+    throw_error(a.kind, a.message());
   }
 
   void progress_peer(int p) {
@@ -357,7 +346,7 @@ class MeshTransport {
           // exits, so if we merely lost the race to read it, the frame is queued on our side:
           // throw that (the real error, e.g. a MismatchError, on this rank as on the others)
           // rather than report a lost connection here.
-          if (const auto a = peer.tcp.queued_abort()) throw_remote(a->kind, a->origin, a->reason);
+          if (const auto a = peer.tcp.queued_abort()) throw_remote(*a);
           peer.tcp.mark_closed();
           throw PeerLostError("connection to rank " + std::to_string(p) + " lost during " +
                               op.sig.describe() + ": " + net::errno_text(peer.tcp.error()) +
@@ -381,8 +370,7 @@ class MeshTransport {
     if (stop == Stop::closed) {
       tcp_closed(peer, p);  // EOF or reset: an error only if an operation still needs this peer
     } else if (stop == Stop::abort) {
-      const detail::AbortFrame& a = peer.tcp.abort_received();
-      throw_remote(a.kind, a.origin, a.reason);
+      throw_remote(peer.tcp.abort_received());
     }
   }
 

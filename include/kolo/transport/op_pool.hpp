@@ -132,6 +132,28 @@ class OpPool {
 
 // The checks and messages every point-to-point transport shares.
 
+// An error another rank reported (an ABORT frame, a shared-memory abort record).
+struct RemoteAbort {
+  ErrorKind kind = ErrorKind::generic;
+  int origin = -1;     // the rank where the error happened
+  std::string reason;  // its what(), as it came off the wire
+
+  // The text this rank throws: the reason, with control bytes shown as '?' (it comes off the
+  // wire: a NUL would cut what() short, losing the tag, and control bytes would garble logs),
+  // tagged "[reported by rank R]" unless a forwarding rank tagged it already.
+  std::string message() const {
+    std::string msg = reason;
+    for (char& c : msg) {
+      const auto u = static_cast<unsigned char>(c);
+      if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7f) c = '?';
+    }
+    if (msg.find("[reported by rank") == std::string::npos) {
+      msg += " [reported by rank " + std::to_string(origin) + "]";
+    }
+    return msg;
+  }
+};
+
 inline void check_peer(int peer, int rank, int size) {
   if (peer < 0 || peer >= size || peer == rank) {
     throw Error("invalid peer rank " + std::to_string(peer) + " (this is rank " +

@@ -61,11 +61,7 @@ inline constexpr std::size_t kRecvBufferBytes = 256 * 1024;
 inline constexpr std::size_t kDirectReadBytes = 16384;  // payloads from here on skip the buffer
 
 // An ABORT frame's content.
-struct AbortFrame {
-  ErrorKind kind = ErrorKind::generic;
-  int origin = -1;
-  std::string reason;
-};
+using AbortFrame = RemoteAbort;
 
 // The bytes of an ABORT frame (the reason cut to kMaxAbortReason bytes).
 inline std::vector<unsigned char> encode_abort_frame(ErrorKind kind, int origin,

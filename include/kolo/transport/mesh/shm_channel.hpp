@@ -119,13 +119,6 @@ inline std::shared_ptr<ShmMapping> map_shm_segment(const std::string& name, std:
   return m;
 }
 
-// What a peer wrote into this rank's abort record.
-struct ShmAbortRecord {
-  ErrorKind kind;
-  int origin;
-  std::string reason;
-};
-
 // This rank's own segment: its control block, its doorbell and its inbound rings.
 class ShmSegment {
  public:
@@ -154,7 +147,7 @@ class ShmSegment {
 
   // A peer's abort, once it is completely written (cheap: one acquire load when there is none).
   bool abort_posted() const { return ctrl_ && ctrl_->aborted.load(std::memory_order_acquire) == 2; }
-  ShmAbortRecord abort_record() const {
+  RemoteAbort abort_record() const {
     return {static_cast<ErrorKind>(ctrl_->abort_kind), ctrl_->abort_origin,
             std::string(ctrl_->reason)};
   }
