@@ -5,7 +5,8 @@
 // source that hands out the input's stream under several delivery schedules — everything at once
 // (a peer that sent it all before we read: full buffers, compaction, partial elements at the end
 // of a full buffer), and small, irregular pieces with "would block" between them (the re-entry
-// after EAGAIN). End of stream is EOF: the peer always closes.
+// after EAGAIN) into a receive buffer of 40 bytes to 256 KiB. End of stream is EOF: the peer
+// always closes.
 //
 // Input: a header, then a stream program (unchanged from the two-rank harness this replaces, so
 // the corpus in tests/fuzz/corpus/mesh_frames keeps its meaning).
@@ -29,7 +30,7 @@
 //   - the loop always ends (the stream is finite and ends in EOF; a loop that neither consumes,
 //     completes nor stops is reported), and errors are kolo::Error;
 //   - every delivery schedule gives the same outcome (receives completed, bytes delivered, the
-//     error's text, or the ABORT): how the bytes are cut must never matter;
+//     error's text, or the ABORT): how the bytes are cut, and the buffer's size, must not matter;
 //   - when the program is only correct messages (0xC0) for the posted receives in order, every
 //     receive completes with exactly the bytes sent (plain) or local (op) sent (reducing);
 //   - an ABORT yields a message that keeps its "[reported by rank R]" tag and shows no control
@@ -145,6 +146,7 @@ std::uint64_t fnv1a(const std::uint8_t* data, std::size_t size) {
 struct Schedule {
   bool all_at_once = true;  // otherwise: pieces of irregular sizes, "would block" between them
   std::uint64_t seed = 1;
+  std::size_t buffer_bytes = kolo::detail::kRecvBufferBytes;  // the decoder's receive buffer
 };
 
 // A receive posted by rank 0.
@@ -195,7 +197,7 @@ void check_abort(const kolo::detail::AbortFrame& a) {
 // Feeds `stream` to the receives of `ops` under `sched`, as the transport's receive loop does.
 Outcome receive(const std::vector<OpSpec>& ops, const std::string& stream, const Schedule& sched) {
   std::vector<Posted> posted = post_receives(ops);
-  FrameDecoder dec(kPeer, kSelf);
+  FrameDecoder dec(kPeer, kSelf, sched.buffer_bytes);
   std::size_t head = 0, off = 0;
   Rng rng{sched.seed};
   bool blocked_last = false;
@@ -295,6 +297,11 @@ std::string encode(const OpSpec& s, std::size_t max_frame, Rng& rng, std::size_t
   return wire;
 }
 
+// A receive buffer from the smallest that works (a BEGIN body must fit) to the transport's.
+std::size_t small_buffer(Rng& rng) {
+  return rng.pick({sizeof(kolo::detail::BeginBody), 64, 4096, kolo::detail::kRecvBufferBytes});
+}
+
 void round_trip(const OpSpec& s, Rng& rng) {
   // Frames down to a byte, but at most ~64 of them: enough for every frame boundary case, cheap.
   const std::size_t max_frame =
@@ -308,7 +315,7 @@ void round_trip(const OpSpec& s, Rng& rng) {
   // A reducing receive rejects frames that split an element: the sender frames whole ones.
   const std::size_t frame = as_recv.kind == Kind::recv_reduce ? max_frame_el : max_frame;
   const std::vector<OpSpec> one{as_recv};
-  const Schedule sched{rng.next() % 2 == 0, rng.next()};
+  const Schedule sched{rng.next() % 2 == 0, rng.next(), small_buffer(rng)};
 
   const Outcome ok = receive(one, encode(s, frame, rng, 0, false), sched);
   KOLO_FUZZ_CHECK(ok.completed == 1, "an encoded message did not decode: " + ok.end);
@@ -409,7 +416,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // ---- rank 0 receives the stream, cut in two different ways ----
   const Outcome whole = receive(ops, stream, Schedule{true, 1});
-  const Outcome pieces = receive(ops, stream, Schedule{false, rng.next()});
+  const Outcome pieces = receive(ops, stream, Schedule{false, rng.next(), small_buffer(rng)});
   KOLO_FUZZ_CHECK(whole.completed == pieces.completed && whole.delivered == pieces.delivered &&
                       whole.end == pieces.end,
                   "the outcome depends on how the bytes arrive: " +
