@@ -204,7 +204,7 @@ class ShmChannel {
 
   // Copies as much of send `op` into free slots as there are; true once all of it (and its first
   // slot, for an empty message) is published. `published`: a slot was.
-  bool push(StreamOp& op, bool& published) {
+  [[gnu::always_inline]] bool push(StreamOp& op, bool& published) {
     while (op.done < op.bytes || !op.begun) {
       ShmSlotHeader* s = slot(out_, head_);
       if (s->full.load(std::memory_order_acquire) != 0) return false;  // ring full: wait
@@ -229,7 +229,7 @@ class ShmChannel {
   // Delivers (copies, or folds with op.rs) what the ring holds of receive `op`; true once all of
   // it has arrived, false when the ring is empty. `freed`: a slot was. The first slot is checked
   // against op: a different Signature or size is a MismatchError naming both calls.
-  bool pull(StreamOp& op, bool& freed, int self) {
+  [[gnu::always_inline]] bool pull(StreamOp& op, bool& freed, int self) {
     while (op.done < op.bytes || !op.begun) {
       ShmSlotHeader* s = slot(in_, tail_);
       if (s->full.load(std::memory_order_acquire) == 0) return false;
