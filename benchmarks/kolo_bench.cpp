@@ -33,6 +33,7 @@
 #include <kolo/core/error.hpp>
 #include <kolo/core/float16.hpp>
 
+#include "../tests/common/reference_reduce.hpp"
 #include "bench_impl.hpp"
 
 namespace kolo::bench {
@@ -559,25 +560,7 @@ struct Pattern {
     }
     const std::size_t i =
         coll == Coll::reduce_scatter ? static_cast<std::size_t>(me) * block + j : j;
-    long long acc = value(0, i);
-    for (int r = 1; r < n; ++r) {
-      const long long v = value(r, i);
-      switch (op) {
-        case ReduceOp::sum:
-        case ReduceOp::average:
-          acc += v;
-          break;
-        case ReduceOp::product:
-          acc *= v;
-          break;
-        case ReduceOp::min:
-          acc = std::min(acc, v);
-          break;
-        case ReduceOp::max:
-          acc = std::max(acc, v);
-          break;
-      }
-    }
+    const long long acc = kolo_test::reduce_ranks(op, n, [&](int r) { return value(r, i); });
     const T t = to_elem<T>(acc);
     return op == ReduceOp::average ? average_of(t, n) : t;
   }

@@ -1,15 +1,15 @@
-// libFuzzer target: the TCP wire-frame parser of MeshTransport (transport/mesh.hpp: tcp_recv,
-// tcp_fill, BEGIN/DATA/ABORT frames), driven through a real, authenticated connection.
+// libFuzzer target: the mesh's TCP wire format (transport/mesh/frame_codec.hpp), on bytes alone.
 //
-// Each input builds a fresh two-rank TCP job: rank 0 is a real MeshTransport (Bootstrap, store,
-// acceptor thread, HMAC handshake — the production setup path, unchanged); rank 1 is this
-// harness, which joins the rendezvous by hand (it writes rank 1's store keys and completes the
-// handshake as rank 1), so afterwards it owns the peer end of rank 0's data socket and can send
-// it any bytes at all. Rank 0 posts receives (plain and reducing, any dtype and op) and sends,
-// then waits for them; the harness streams the input's bytes, half-closes, and keeps draining
-// what rank 0 sends (ABORT frames included).
+// The codec is pure (no sockets), so no job is needed: the fuzzer plays the peer, and the very
+// receive loop the transport runs over its socket (FrameDecoder::run) runs here over a byte
+// source that hands out the input's stream under several delivery schedules — everything at once
+// (a peer that sent it all before we read: full buffers, compaction, partial elements at the end
+// of a full buffer), and small, irregular pieces with "would block" between them (the re-entry
+// after EAGAIN) into a receive buffer of 40 bytes to 256 KiB. End of stream is EOF: the peer
+// always closes.
 //
-// Input: a header, then a stream program.
+// Input: a header, then a stream program (unchanged from the two-rank harness this replaces, so
+// the corpus in tests/fuzz/corpus/mesh_frames keeps its meaning).
 //   header    n = 1 + (u8 % 4) operations, each: kind:u8 (bits 0-1: recv, recv_reduce, send;
 //             bits 2-4: dtype; bits 5-7: reduce op), count:u16 (elements)
 //   program   a sequence of commands, each starting with a control byte c:
@@ -23,57 +23,39 @@
 //     0xC0 | i          operation i's whole message as a correct sender sends it: BEGIN, then
 //                       DATA frames of chunk:u16 elements
 //   other control bytes are ignored.
-// Checks, beyond ASan/UBSan: every wait ends (the peer always closes, so no receive may hang or
-// spin; a TimeoutError counts as a hang unless it is one forwarded from rank 1 by an ABORT
-// frame, raised well before the deadline), errors are kolo::Error, and when the program is only
-// correct messages (0xC0) for the posted receives in order, every receive completes with exactly
-// the bytes sent (plain) or local (op) sent (reducing).
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+// The receives (recv, recv_reduce) are posted in order and fed the stream; the sends are
+// encoded by FrameEncoder (frame size and write sizes drawn from a hash of the input) and decoded
+// back, and once more cut off mid-message by an ABORT the way a failing rank sends one.
+// Checks, beyond ASan/UBSan:
+//   - the loop always ends (the stream is finite and ends in EOF; a loop that neither consumes,
+//     completes nor stops is reported), and errors are kolo::Error;
+//   - every delivery schedule gives the same outcome (receives completed, bytes delivered, the
+//     error's text, or the ABORT): how the bytes are cut, and the buffer's size, must not matter;
+//   - when the program is only correct messages (0xC0) for the posted receives in order, every
+//     receive completes with exactly the bytes sent (plain) or local (op) sent (reducing);
+//   - an ABORT yields a message that keeps its "[reported by rank R]" tag and shows no control
+//     bytes (a NUL in the reason once cut what() short);
+//   - encoded messages decode to exactly what was sent; an ABORT sent mid-message after the
+//     frame in flight is finished arrives as an ABORT, never as a protocol error.
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <kolo/core/reduce.hpp>
-#include <kolo/net/auth.hpp>
-#include <kolo/topology/bootstrap.hpp>
-#include <kolo/topology/store.hpp>
-#include <kolo/transport/mesh.hpp>
+#include <kolo/transport/mesh/frame_codec.hpp>
 
 #include "fuzz_common.hpp"
 
 namespace {
 
-const std::string kSecret = "kolo-fuzz-mesh-secret-0123456789";
-constexpr double kSeconds = 8.0;                          // no input should come near this
-constexpr std::size_t kMaxStream = std::size_t{8} << 20;  // bytes the harness sends at most
+constexpr std::size_t kMaxStream = std::size_t{8} << 20;  // stream bytes at most
+constexpr int kPeer = 1, kSelf = 0;  // the decoder receives from rank 1 as rank 0
 
-// The rendezvous store of one input's job: a fresh one per input, so that an input allocates
-// nothing it does not free (libFuzzer's leak check) and never sees another input's keys.
-struct Rendezvous {
-  std::unique_ptr<kolo::StoreServer> server;
-  std::unique_ptr<kolo::StoreClient> as_rank1;  // the fake rank 1's store connection
-  std::uint16_t port = 0;
-  Rendezvous() {
-    server = std::make_unique<kolo::StoreServer>(kolo::net::listen_tcp("127.0.0.1", 0), kSecret);
-    port = server->port();
-    as_rank1 = std::make_unique<kolo::StoreClient>(kolo::net::HostPort{"127.0.0.1", port}, kSecret,
-                                                   1, kSeconds);
-  }
-};
-
-// Bootstrap names its store keys "kolo/<n>/" with a process-wide counter of Bootstraps; this
-// harness creates them one at a time, so it knows the next n (and checks it).
-int g_next_bootstrap = 0;
+using kolo::detail::FrameDecoder;
+using kolo::detail::FrameEncoder;
+using kolo::detail::StreamOp;
 
 enum class Kind { recv, recv_reduce, send };
 
@@ -86,8 +68,7 @@ struct OpSpec {
   kolo::Signature sig;
   std::vector<std::byte> payload;  // what a correct sender sends (recv kinds) or what we send
   std::vector<std::byte> local;    // recv_reduce's local operand
-  std::vector<std::byte> dst;
-  std::size_t generated = 0;  // DATA payload bytes the program has emitted so far
+  std::size_t generated = 0;       // DATA payload bytes the program has emitted so far
 };
 
 // Bytes in 0..6 only: as floats of any width these are small positive numbers (never NaN), so a
@@ -142,62 +123,220 @@ void put_payload(std::string& out, const OpSpec& op, std::size_t from, std::size
   kPattern.copy(dst + inside, from + inside, n - inside, 3);
 }
 
-// What the pump did, for the report when a receive hangs.
-struct PumpState {
-  std::atomic<std::size_t> sent{0}, received{0};
-  std::atomic<bool> half_closed{false};
-  std::atomic<int> ended{0};  // 0 running, 1 stop, 2 EOF/reset while reading, 3 send error
-  std::string describe(std::size_t stream_bytes) const {
-    return "rank 1 sent " + std::to_string(sent.load()) + " of " + std::to_string(stream_bytes) +
-           " bytes, received " + std::to_string(received.load()) + ", half-closed " +
-           (half_closed.load() ? "yes" : "no") + ", ended " + std::to_string(ended.load());
+// A small deterministic generator, seeded from the input: the delivery schedules and frame
+// sizes must be the same every time an input runs.
+struct Rng {
+  std::uint64_t s;
+  std::uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
   }
+  std::size_t pick(std::initializer_list<std::size_t> xs) { return xs.begin()[next() % xs.size()]; }
 };
 
-// Plays rank 1 on fd: writes `stream`, reads (and discards) what rank 0 sends, and half-closes
-// once both the stream is out and rank 0's messages (`expect` bytes) are in — a real peer would
-// read its messages before it closed. Returns at EOF or a reset from rank 0, or on `stop`.
-void pump(int fd, const std::string& stream, std::size_t expect, const std::atomic<bool>& stop,
-          PumpState& st) {
-  std::size_t off = 0, got = 0;
-  char sink[65536];
-  while (!stop.load()) {
-    if (off == stream.size() && got >= expect && !st.half_closed.load()) {
-      ::shutdown(fd, SHUT_WR);
-      st.half_closed.store(true);
+std::uint64_t fnv1a(const std::uint8_t* data, std::size_t size) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::size_t i = 0; i < size; ++i) h = (h ^ data[i]) * 1099511628211ull;
+  return h | 1;  // xorshift needs a non-zero state
+}
+
+// How the stream's bytes reach the decoder.
+struct Schedule {
+  bool all_at_once = true;  // otherwise: pieces of irregular sizes, "would block" between them
+  std::uint64_t seed = 1;
+  std::size_t buffer_bytes = kolo::detail::kRecvBufferBytes;  // the decoder's receive buffer
+};
+
+// A receive posted by rank 0.
+struct Posted {
+  const OpSpec* spec;
+  StreamOp op;
+  std::vector<std::byte> dst;
+};
+
+// What one run over the stream ended with.
+struct Outcome {
+  std::size_t completed = 0;  // receives completed, in order
+  std::vector<std::vector<std::byte>> delivered;
+  std::string end;  // "error: <what>", "abort: <message>", "closed", "unposted"
+};
+
+std::vector<Posted> post_receives(const std::vector<OpSpec>& ops) {
+  std::vector<Posted> posted;
+  for (const OpSpec& s : ops) {
+    if (s.kind == Kind::send) continue;
+    Posted p{&s, {}, std::vector<std::byte>(s.bytes)};
+    p.op.kind =
+        s.kind == Kind::recv ? kolo::detail::OpKind::recv : kolo::detail::OpKind::recv_reduce;
+    p.op.peer = kPeer;
+    p.op.bytes = s.bytes;
+    p.op.sig = s.sig;
+    p.op.dst = p.dst.data();
+    if (s.kind == Kind::recv_reduce) {
+      p.op.src = s.local.data();
+      p.op.rs = {kolo::reduce_function(s.dtype, s.op), kolo::dtype_size(s.dtype)};
     }
-    const short want_out = off < stream.size() ? POLLOUT : 0;
-    pollfd p{fd, static_cast<short>(POLLIN | want_out), 0};
-    if (::poll(&p, 1, 10) <= 0) continue;
-    if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
-      const ssize_t k = ::recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
-      if (k > 0) st.received.store(got += static_cast<std::size_t>(k));
-      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
-        // Rank 0 closed (after an ABORT): a real rank 1 would fail and close too, and rank 0
-        // waits a moment for that before it closes its end.
-        ::shutdown(fd, SHUT_WR);
-        st.half_closed.store(true);
-        st.ended.store(2);
-        return;
-      }
-    }
-    if ((p.revents & POLLOUT) && off < stream.size()) {
-      const ssize_t k =
-          ::send(fd, stream.data() + off, stream.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (k > 0) st.sent.store(off += static_cast<std::size_t>(k));
-      if (k < 0 && errno != EAGAIN && errno != EINTR) {  // reset by rank 0
-        st.ended.store(3);
-        return;
-      }
-    }
+    posted.push_back(std::move(p));
   }
-  st.ended.store(1);
+  return posted;
+}
+
+void check_abort(const kolo::detail::AbortFrame& a) {
+  const std::string msg = a.message();
+  KOLO_FUZZ_CHECK(msg.find("[reported by rank") != std::string::npos,
+                  "a forwarded error lost its tag: " + msg);
+  for (char c : msg) {
+    const auto u = static_cast<unsigned char>(c);
+    KOLO_FUZZ_CHECK(!((u < 0x20 && c != '\n' && c != '\t') || u == 0x7f),
+                    "a control byte survived in a forwarded error");
+  }
+}
+
+// Feeds `stream` to the receives of `ops` under `sched`, as the transport's receive loop does.
+Outcome receive(const std::vector<OpSpec>& ops, const std::string& stream, const Schedule& sched) {
+  std::vector<Posted> posted = post_receives(ops);
+  FrameDecoder dec(kPeer, kSelf, sched.buffer_bytes);
+  std::size_t head = 0, off = 0;
+  Rng rng{sched.seed};
+  bool blocked_last = false;
+  auto read = [&](std::byte* p, std::size_t n) -> FrameDecoder::ReadResult {
+    KOLO_FUZZ_CHECK(n > 0, "the decoder asked for zero bytes");
+    if (off == stream.size()) return {0, true};  // the peer closed after its last byte
+    std::size_t k = std::min(n, stream.size() - off);
+    if (!sched.all_at_once) {
+      if (!blocked_last && rng.next() % 2 == 0) {  // EAGAIN: the rest is still on the wire
+        blocked_last = true;
+        return {0, false};
+      }
+      blocked_last = false;
+      k = std::min(k, rng.pick({1, 2, 3, 7, 8, 13, 64, 1000, 4096, 16385, 65536, 1 << 20}));
+    }
+    std::memcpy(p, stream.data() + off, k);
+    off += k;
+    return {k, false};
+  };
+  auto head_op = [&]() -> StreamOp* { return head < posted.size() ? &posted[head].op : nullptr; };
+  auto complete = [&] {
+    KOLO_FUZZ_CHECK(head < posted.size(), "a completion with no receive posted");
+    StreamOp& op = posted[head].op;
+    KOLO_FUZZ_CHECK(op.begun && op.done == op.bytes, "a receive completed before all its bytes");
+    ++head;
+  };
+
+  Outcome out;
+  // Every call either consumes bytes, completes a receive or ends: bounded by what there is.
+  const std::size_t max_calls = 2 * stream.size() + 2 * posted.size() + 16;
+  try {
+    for (std::size_t calls = 0;; ++calls) {
+      KOLO_FUZZ_CHECK(calls <= max_calls, "the receive loop does not progress (" +
+                                              std::to_string(off) + " of " +
+                                              std::to_string(stream.size()) + " bytes read)");
+      const auto stop = dec.run(read, head_op, complete);
+      if (stop == FrameDecoder::Stop::again) continue;  // poll() would say "readable" again
+      if (stop == FrameDecoder::Stop::abort) {
+        check_abort(dec.abort());
+        out.end = "abort: " + dec.abort().message();
+      } else {
+        out.end = stop == FrameDecoder::Stop::closed ? "closed" : "unposted";
+      }
+      break;
+    }
+  } catch (const kolo::Error& e) {
+    out.end = std::string("error: ") + e.what();
+  }
+  out.completed = head;
+  for (std::size_t i = 0; i < head; ++i) out.delivered.push_back(std::move(posted[i].dst));
+  return out;
+}
+
+// Encodes send `s` in frames of at most `max_frame` bytes, the socket taking what `rng` says per
+// write; with `cut`, stops after that many wire bytes and sends an ABORT as a failing rank does
+// (finishing the frame in flight first). Returns the wire bytes.
+std::string encode(const OpSpec& s, std::size_t max_frame, Rng& rng, std::size_t cut, bool abort) {
+  FrameEncoder enc(max_frame);
+  StreamOp op;
+  op.kind = kolo::detail::OpKind::send;
+  op.peer = kSelf;
+  op.bytes = s.bytes;
+  op.sig = s.sig;
+  op.src = s.payload.data();
+  std::string wire;
+  enc.start(op.bytes, op.sig);
+  op.begun = true;
+  for (;;) {
+    if (enc.frame_sent()) {
+      if (op.done == op.bytes) break;
+      enc.next_data(op.bytes - op.done);
+    }
+    if (abort && wire.size() >= cut) break;
+    const auto hdr = enc.header_left();
+    const std::size_t room = rng.pick({1, 5, 8, 48, 100, 4096, 1 << 20});
+    std::size_t k = 0;
+    const std::size_t h = std::min(room, hdr.size());
+    put(wire, hdr.data(), h);
+    k += h;
+    const std::size_t p = std::min(room - h, enc.payload_left());
+    put(wire, op.src + op.done, p);
+    k += p;
+    op.done += enc.sent(k);
+  }
+  if (abort) {  // what TcpChannel::send_abort does
+    if (!enc.frame_sent()) {
+      const auto hdr = enc.header_left();
+      put(wire, hdr.data(), hdr.size());
+      const std::size_t p = enc.payload_left();
+      put(wire, op.src + op.done, p);
+      enc.sent(hdr.size() + p);
+    }
+    const auto frame =
+        kolo::detail::encode_abort_frame(kolo::ErrorKind::mismatch, 7, std::string("why\0not", 7));
+    put(wire, frame.data(), frame.size());
+  }
+  return wire;
+}
+
+// A receive buffer from the smallest that works (a BEGIN body must fit) to the transport's.
+std::size_t small_buffer(Rng& rng) {
+  return rng.pick({sizeof(kolo::detail::BeginBody), 64, 4096, kolo::detail::kRecvBufferBytes});
+}
+
+void round_trip(const OpSpec& s, Rng& rng) {
+  // Frames down to a byte, but at most ~64 of them: enough for every frame boundary case, cheap.
+  const std::size_t max_frame =
+      std::max(rng.pick({1, 8, 1000, 65536, kolo::detail::kDefaultFrameBytes}), s.bytes / 64);
+  const std::size_t max_frame_el =
+      std::max<std::size_t>(1, max_frame / kolo::dtype_size(s.dtype)) * kolo::dtype_size(s.dtype);
+  OpSpec as_recv = s;
+  as_recv.kind = rng.next() % 2 ? Kind::recv : Kind::recv_reduce;
+  as_recv.local.assign(s.bytes, std::byte{0});
+  kPattern.copy(as_recv.local.data(), 0, s.bytes, 6);
+  // A reducing receive rejects frames that split an element: the sender frames whole ones.
+  const std::size_t frame = as_recv.kind == Kind::recv_reduce ? max_frame_el : max_frame;
+  const std::vector<OpSpec> one{as_recv};
+  const Schedule sched{rng.next() % 2 == 0, rng.next(), small_buffer(rng)};
+
+  const Outcome ok = receive(one, encode(s, frame, rng, 0, false), sched);
+  KOLO_FUZZ_CHECK(ok.completed == 1, "an encoded message did not decode: " + ok.end);
+  std::vector<std::byte> expect = s.payload;
+  if (as_recv.kind == Kind::recv_reduce) {
+    kolo::reduce_function(s.dtype, s.op)(expect.data(), as_recv.local.data(), s.payload.data(),
+                                         s.count);
+  }
+  KOLO_FUZZ_CHECK(ok.delivered[0] == expect, "an encoded message decoded to other bytes");
+
+  const std::size_t cut = rng.next() % (s.bytes + 64);
+  const Outcome cut_off = receive(one, encode(s, frame, rng, cut, true), sched);
+  KOLO_FUZZ_CHECK(cut_off.end.rfind("abort: ", 0) == 0,
+                  "an ABORT after the frame in flight did not arrive as one: " + cut_off.end);
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   kolo_fuzz::Input in(data, size);
+  Rng rng{fnv1a(data, size)};
 
   // ---- the operations rank 0 posts ----
   const int nops = 1 + in.u8() % 4;
@@ -209,7 +348,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     op.dtype = kolo::all_dtypes[(k >> 2) % 8];
     op.op = kolo::all_reduce_ops[(k >> 5) % 5];
     op.count = in.u16();
-    if (op.kind == Kind::send) op.count %= 8192;  // what we send, rank 1 (the pump) drains
+    if (op.kind == Kind::send) op.count %= 8192;
     op.bytes = op.count * kolo::dtype_size(op.dtype);
     op.sig.collective = kolo::Collective::allreduce;
     op.sig.dtype = op.dtype;
@@ -218,7 +357,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     op.sig.seq = static_cast<std::uint64_t>(i + 1);
     op.payload.resize(op.bytes);
     op.local.resize(op.kind == Kind::recv_reduce ? op.bytes : 0);
-    op.dst.resize(op.kind == Kind::send ? 0 : op.bytes);
     kPattern.copy(op.payload.data(), 0, op.bytes, static_cast<unsigned>(i));
     kPattern.copy(op.local.data(), 0, op.local.size(), 5);
   }
@@ -276,106 +414,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (next_recv_index() != ops.size()) pure = false;  // some receive gets no correct message
 
-  // ---- the job: rank 1's store keys first, then rank 0 and the handshake at once ----
-  Rendezvous rv;
-  const std::string prefix = "kolo/" + std::to_string(g_next_bootstrap++) + "/";
-  rv.as_rank1->set(prefix + "hostkey/1", "fuzz-host-of-rank-1");
-  rv.as_rank1->set(prefix + "mesh/1", std::to_string(::getpid()) + "|127.0.0.1:9");
-  rv.as_rank1->add(prefix + "shm-created/count", 1);
-  rv.as_rank1->add(prefix + "mesh-ready/count", 1);
-
-  kolo::net::Socket listener = kolo::net::listen_tcp("127.0.0.1", 0);
-  const std::uint16_t data_port = kolo::net::local_port(listener.fd());
-  kolo::Topology topo;
-  topo.rank = 0;
-  topo.size = 2;
-  topo.store = kolo::net::HostPort{"127.0.0.1", rv.port};
-  topo.secret = kSecret;
-  topo.timeout_seconds = kSeconds;
-  topo.host_key = "fuzz-host-of-rank-0";
-  topo.advertise_ip = "127.0.0.1";
-  topo.listen_fd = listener.release();  // the transport takes it over and closes it
-
-  kolo::net::Socket peer;
-  std::string peer_error;
-  std::thread join_as_rank1([&] {
-    try {
-      const kolo::Deadline dl = kolo::Deadline::after(kSeconds);
-      peer = kolo::net::connect_tcp("127.0.0.1", data_port, dl, "rank 0");
-      kolo::net::authenticate_client(peer.fd(), kSecret,
-                                     kolo::net::Hello{kolo::net::kPurposeData, 1, 0}, dl, "rank 0");
-    } catch (const std::exception& e) {
-      peer_error = e.what();
-    }
-  });
-  std::unique_ptr<kolo::Bootstrap> boot;
-  std::unique_ptr<kolo::MeshTransport> t;
-  std::string setup_error;
-  try {
-    boot = std::make_unique<kolo::Bootstrap>(topo);
-    KOLO_FUZZ_CHECK(boot->prefix() == prefix,
-                    "Bootstrap key prefix " + boot->prefix() + " is not the expected " + prefix);
-    kolo::MeshOptions mo;
-    mo.spin_us = 0;  // the harness runs beside the transport on a shared machine
-    t = std::make_unique<kolo::MeshTransport>(*boot, kolo::RouteMode::tcp_only, mo);
-  } catch (const std::exception& e) {
-    setup_error = e.what();
-  }
-  join_as_rank1.join();
-  KOLO_FUZZ_CHECK(setup_error.empty() && peer_error.empty(),
-                  "harness setup failed: " + setup_error + " / " + peer_error);
-  kolo::net::set_nonblocking(peer.fd(), true);
-
-  // What rank 0's sends put on the wire: BEGIN (header + body), then one DATA frame (< 4 MiB).
-  std::size_t expect = 0;
-  for (const OpSpec& op : ops) {
-    if (op.kind != Kind::send) continue;
-    expect += sizeof(kolo::detail::FrameHeader) + sizeof(kolo::detail::BeginBody);
-    if (op.bytes > 0) expect += sizeof(kolo::detail::FrameHeader) + op.bytes;
-  }
-  std::atomic<bool> stop{false};
-  PumpState pumped;
-  std::thread pumping([&] { pump(peer.fd(), stream, expect, stop, pumped); });
-
-  // ---- rank 0: post everything, then wait in order ----
-  bool all_ok = true;
-  std::string wait_error;
-  const auto waits_began = std::chrono::steady_clock::now();
-  try {
-    std::vector<kolo::MeshTransport::Request> reqs;
-    for (OpSpec& op : ops) {
-      if (op.kind == Kind::send) {
-        reqs.push_back(t->isend(1, op.payload.data(), op.bytes, op.sig));
-      } else if (op.kind == Kind::recv) {
-        reqs.push_back(t->irecv(1, op.dst.data(), op.bytes, op.sig));
-      } else {
-        const kolo::ReduceSpec rs{kolo::reduce_function(op.dtype, op.op),
-                                  kolo::dtype_size(op.dtype)};
-        reqs.push_back(t->irecv_reduce(1, op.dst.data(), op.local.data(), op.bytes, rs, op.sig));
-      }
-    }
-    for (const auto& r : reqs) t->wait(r, kolo::Deadline::after(kSeconds));
-  } catch (const kolo::TimeoutError& e) {
-    // The peer always finishes and closes, so a wait that runs out means the parser is stuck.
-    // But an ABORT frame of kind 2 (timeout) in the stream is rank 1 reporting a timeout of its
-    // own: rank 0 rightly raises it at once as a TimeoutError tagged "[reported by rank R]".
-    const std::string what = e.what();
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - waits_began).count();
-    const bool forwarded = what.find("[reported by rank") != std::string::npos;
-    if (!forwarded || waited >= 0.9 * kSeconds) {
-      kolo_fuzz::fail("a receive hung although the peer closed: " + what + " (after " +
-                      std::to_string(waited) + " s); " + pumped.describe(stream.size()));
-    }
-    all_ok = false;
-    wait_error = e.what();
-  } catch (const kolo::Error& e) {
-    all_ok = false;  // malformed input must end as a kolo::Error: expected
-    wait_error = e.what();
-  }
+  // ---- rank 0 receives the stream, cut in two different ways ----
+  const Outcome whole = receive(ops, stream, Schedule{true, 1});
+  const Outcome pieces = receive(ops, stream, Schedule{false, rng.next(), small_buffer(rng)});
+  KOLO_FUZZ_CHECK(whole.completed == pieces.completed && whole.delivered == pieces.delivered &&
+                      whole.end == pieces.end,
+                  "the outcome depends on how the bytes arrive: " +
+                      std::to_string(whole.completed) + " receives, '" + whole.end + "' vs " +
+                      std::to_string(pieces.completed) + ", '" + pieces.end + "'");
 
   if (pure) {
-    KOLO_FUZZ_CHECK(all_ok, "correct messages failed to arrive: " + wait_error);
+    std::size_t receives = 0;
+    for (const OpSpec& op : ops) receives += op.kind != Kind::send;
+    KOLO_FUZZ_CHECK(whole.completed == receives, "correct messages failed to arrive: " + whole.end);
+    std::size_t r = 0;
     for (const OpSpec& op : ops) {
       if (op.kind == Kind::send) continue;
       std::vector<std::byte> expect = op.payload;
@@ -383,13 +435,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         kolo::reduce_function(op.dtype, op.op)(expect.data(), op.local.data(), op.payload.data(),
                                                op.count);
       }
-      KOLO_FUZZ_CHECK(op.dst == expect, "a correct message arrived with the wrong bytes");
+      KOLO_FUZZ_CHECK(whole.delivered[r++] == expect,
+                      "a correct message arrived with the wrong bytes");
     }
   }
 
-  t.reset();  // closes rank 0's socket (after an abort, once rank 1 has closed too)
-  stop.store(true);
-  pumping.join();
-  boot.reset();
+  // ---- rank 0's sends: encoded, decoded back ----
+  for (const OpSpec& op : ops) {
+    if (op.kind == Kind::send) round_trip(op, rng);
+  }
   return 0;
 }

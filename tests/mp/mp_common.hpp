@@ -16,6 +16,8 @@
 
 #include <kolo/kolo.hpp>
 
+#include "../common/reference_reduce.hpp"
+
 #if defined(KOLO_TEST_MPI)
 #include <kolo/transport/mpi.hpp>
 #endif
@@ -97,33 +99,16 @@ double input_value(kolo::ReduceOp op, int rank, std::size_t i) {
 
 template <class T>
 double expected_value(kolo::ReduceOp op, int n, std::size_t i) {
-  double acc = input_value<T>(op, 0, i);
-  for (int r = 1; r < n; ++r) {
-    const double v = input_value<T>(op, r, i);
-    switch (op) {
-      case kolo::ReduceOp::sum:
-      case kolo::ReduceOp::average:
-        acc += v;
-        break;
-      case kolo::ReduceOp::product:
-        acc *= v;
-        break;
-      case kolo::ReduceOp::min:
-        acc = std::min(acc, v);
-        break;
-      case kolo::ReduceOp::max:
-        acc = std::max(acc, v);
-        break;
-    }
-  }
+  const long long acc =
+      reduce_ranks(op, n, [&](int r) { return static_cast<long long>(input_value<T>(op, r, i)); });
   if (op == kolo::ReduceOp::average) {
     if constexpr (std::is_integral_v<T>) {
-      return static_cast<double>(static_cast<long long>(acc) / n);  // truncates toward zero
+      return static_cast<double>(acc / n);  // truncates toward zero
     } else {
-      return acc / n;
+      return static_cast<double>(acc) / n;
     }
   }
-  return acc;
+  return static_cast<double>(acc);
 }
 
 template <class T>

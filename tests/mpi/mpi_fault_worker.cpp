@@ -1,4 +1,5 @@
-// A rank of an MPI job that misbehaves on purpose (run by tests/mpi through run_mpi_expect.cmake):
+// A rank of an MPI job that misbehaves on purpose (run by tests/mpi through
+// tests/common/run_expect.cmake):
 //
 //   mpi_fault_worker <p2p|native> <case>
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs an mpirun/mpiexec command for tests/mpi (used by run_mpi_expect.cmake).
+"""Runs an mpirun/mpiexec command for tests/mpi (used by tests/common/run_expect.cmake).
 
     mpirun_guard.py [--timeout S] [--grace S] -- mpiexec ...
 

@@ -6,7 +6,7 @@
 Each case runs the guard on a small Python program that behaves like mpiexec would, and checks
 the guard's exit status, its lines, how long it took and that no process of the fake job (a
 "rank" in a process group of its own, as Open MPI's launcher makes them) is left. With --cmake,
-the teardown hang also goes through run_mpi_expect.cmake, as the mpi/faults tests do.
+the teardown hang also goes through tests/common/run_expect.cmake, as the mpi/faults tests do.
 """
 import argparse
 import os
@@ -105,7 +105,7 @@ def case(name, cmd, rc, says=(), not_says=(), max_s=None, min_s=None, guard_args
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cmake", help="also run the teardown hang through run_mpi_expect.cmake")
+    ap.add_argument("--cmake", help="also run the teardown hang through run_expect.cmake")
     args = ap.parse_args()
 
     hung = "hung in its own teardown after reporting the job's end"
@@ -128,13 +128,13 @@ def main():
     if args.cmake:
         t0 = time.monotonic()
         p = subprocess.run([args.cmake, "-DEXPECT=nonzero", "-DREGEX=" + hung, "-DMAX_SECONDS=15",
-                            "-DPYTHON=" + sys.executable, "-P",
-                            os.path.join(HERE, "run_mpi_expect.cmake"), "--"]
+                            "-DPYTHON=" + sys.executable, "-DMPI_GUARD=" + GUARD, "-P",
+                            os.path.join(HERE, "..", "common", "run_expect.cmake"), "--"]
                            + fake(REPORT, "hang"),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
         secs = time.monotonic() - t0
         ok = p.returncode == 0 and secs < 15
-        print("%s run_mpi_expect.cmake passes a teardown hang as a non-zero end (%.1f s)"
+        print("%s run_expect.cmake passes a teardown hang as a non-zero end (%.1f s)"
               % ("ok  " if ok else "FAIL", secs))
         if not ok:
             print("    exit status %d; output:\n      " % p.returncode

@@ -41,6 +41,8 @@
 #include <kolo/communicator.hpp>
 #include <kolo/engine/engine.hpp>
 
+#include "../common/reference_reduce.hpp"
+
 namespace {
 
 using kolo::AllreduceAlgorithm;
@@ -136,25 +138,8 @@ void fill(T* p, std::size_t n, ReduceOp op, std::uint64_t call, int rank, std::s
 // The exact reduction over `size` ranks of element i, as T.
 template <class T>
 T reduced(ReduceOp op, std::uint64_t call, int size, std::size_t i) {
-  long long acc = value<T>(op, call, 0, i);
-  for (int r = 1; r < size; ++r) {
-    const long long v = value<T>(op, call, r, i);
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::average:
-        acc += v;
-        break;
-      case ReduceOp::product:
-        acc *= v;
-        break;
-      case ReduceOp::min:
-        acc = std::min(acc, v);
-        break;
-      case ReduceOp::max:
-        acc = std::max(acc, v);
-        break;
-    }
-  }
+  const long long acc =
+      kolo_test::reduce_ranks(op, size, [&](int r) { return value<T>(op, call, r, i); });
   if (op != ReduceOp::average) return from_int<T>(acc);
   if constexpr (std::is_integral_v<T>) {
     return static_cast<T>(acc / size);  // truncation toward zero, as the library promises

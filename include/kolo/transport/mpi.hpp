@@ -97,6 +97,7 @@
 #include "kolo/core/reduce.hpp"
 #include "kolo/core/signature.hpp"
 #include "kolo/topology/topology.hpp"
+#include "kolo/transport/op_pool.hpp"
 #include "kolo/transport/transport.hpp"
 
 namespace kolo {
@@ -336,15 +337,9 @@ struct ControlMessage {
 };
 inline constexpr std::size_t kControlHeaderBytes = offsetof(ControlMessage, reason);
 
-struct MpiOp {
-  enum class Kind : std::uint8_t { send, recv, recv_reduce };
-  Kind kind = Kind::send;
-  int peer = -1;
-  const std::byte* src = nullptr;  // send: data; recv_reduce: local operand
-  std::byte* dst = nullptr;
-  std::size_t bytes = 0;
-  Signature sig;
-  ReduceSpec rs;
+// A point-to-point operation as MPI carries it: a header message (with the payload inline when
+// small) and, for a large payload, data messages from or into a kolo-owned staging copy.
+struct MpiOp : P2POp {
   bool header_done = false;
   bool inline_payload = false;
   MPI_Request head = MPI_REQUEST_NULL;
@@ -352,8 +347,6 @@ struct MpiOp {
   std::size_t data_done = 0;
   std::vector<std::byte> wire;     // header (+ inline payload), owned: MPI reads/writes it
   std::vector<std::byte> staging;  // large payloads: kolo-owned copy sent, or landing zone
-  std::uint32_t gen = 0;
-  std::uint32_t index = 0;
 };
 
 // What non-blocking native collectives read and write: kolo's, not the caller's, so that a
@@ -375,10 +368,7 @@ struct Leftovers {
 
 class MpiTransport {
  public:
-  struct Request {
-    std::uint32_t index = 0;
-    std::uint32_t gen = 0;
-  };
+  using Request = detail::OpHandle;
 
   // Collective over `comm` (an intracommunicator: MPI_COMM_WORLD or one of the application's).
   explicit MpiTransport(MPI_Comm comm = MPI_COMM_WORLD, MpiOptions opts = MpiOptions::from_env())
@@ -445,7 +435,7 @@ class MpiTransport {
   // ---------------- posting ----------------
 
   Request isend(int peer, const void* src, std::size_t bytes, const Signature& sig) {
-    auto& op = post(peer, detail::mpi::MpiOp::Kind::send, sig, bytes);
+    auto& op = post(peer, detail::OpKind::send, sig, bytes);
     op.src = static_cast<const std::byte*>(src);
     const bool inl = bytes <= inline_bytes_;
     const detail::mpi::WireHeader h{detail::mpi::kHeaderMagic, inl ? 1u : 0u, bytes, sig};
@@ -475,11 +465,11 @@ class MpiTransport {
       fail(e);
     }
     ++peers_[static_cast<std::size_t>(peer)].sent;
-    return {op.index, op.gen};
+    return pool_.handle(op);
   }
 
   Request irecv(int peer, void* dst, std::size_t bytes, const Signature& sig) {
-    auto& op = post(peer, detail::mpi::MpiOp::Kind::recv, sig, bytes);
+    auto& op = post(peer, detail::OpKind::recv, sig, bytes);
     op.dst = static_cast<std::byte*>(dst);
     return post_recv(op);
   }
@@ -490,7 +480,7 @@ class MpiTransport {
       throw Error("irecv_reduce: byte count " + std::to_string(bytes) +
                   " is not a multiple of the element size, or no reduce function");
     }
-    auto& op = post(peer, detail::mpi::MpiOp::Kind::recv_reduce, sig, bytes);
+    auto& op = post(peer, detail::OpKind::recv_reduce, sig, bytes);
     op.dst = static_cast<std::byte*>(dst);
     op.src = static_cast<const std::byte*>(local);
     op.rs = rs;
@@ -499,7 +489,7 @@ class MpiTransport {
 
   // ---------------- completion ----------------
 
-  bool done(Request r) const { return ops_[r.index].gen != r.gen; }
+  bool done(Request r) const { return pool_.done(r); }
 
   bool test(Request r) {
     if (done(r)) return true;
@@ -518,8 +508,8 @@ class MpiTransport {
 
   // Blocks until an operation has completed since this last returned (or none is pending).
   void wait_any_progress(const Deadline& dl) {
-    if (completions_ == seen_completions_) block(dl);
-    seen_completions_ = completions_;
+    if (!pool_.completed_since_seen()) block(dl);
+    pool_.mark_seen();
   }
 
   // ---------------- errors ----------------
@@ -692,7 +682,7 @@ class MpiTransport {
 
  private:
   struct Peer {
-    std::deque<std::uint32_t> sendq, recvq;
+    detail::OpQueue sendq, recvq;
     std::uint64_t sent = 0;      // messages posted to this peer
     std::uint64_t received = 0;  // messages received from it
     bool gone = false;           // it said goodbye
@@ -787,7 +777,7 @@ class MpiTransport {
         // Something is still posted (a send nobody will receive, a receive matched but never
         // completed): what it points into must outlive this object.
         auto rest = std::make_shared<detail::mpi::Leftovers>();
-        rest->ops = std::move(ops_);
+        rest->ops = std::move(pool_).take_slots();
         rest->control_in = std::move(control_in_);
         rest->control_out = std::move(control_out_);
         detail::mpi::bury(std::move(rest));
@@ -870,11 +860,11 @@ class MpiTransport {
       const Peer& peer = peers_[static_cast<std::size_t>(p)];
       if (!peer.gone || Clock::now() - peer.gone_at < grace) continue;
       if (!peer.recvq.empty() && peer.received >= peer.bye_sent_to_me) {
-        peer_left(p, ops_[peer.recvq.front()].sig,
+        peer_left(p, pool_[peer.recvq.front()].sig,
                   "without sending all that rank " + std::to_string(rank_) + " waits for");
       }
       if (!peer.sendq.empty() && peer.sent - peer.sendq.size() + 1 > peer.bye_received_from_me) {
-        peer_left(p, ops_[peer.sendq.front()].sig,
+        peer_left(p, pool_[peer.sendq.front()].sig,
                   "without receiving all that rank " + std::to_string(rank_) + " sends it");
       }
     }
@@ -901,9 +891,9 @@ class MpiTransport {
   // transport to complete or be cancelled; true when none is left.
   bool cancel_and_drain(const Deadline& dl) {
     auto each_request = [&](auto&& f) {
-      for (auto& op : ops_) {
-        f(op.head, op.kind != detail::mpi::MpiOp::Kind::send);
-        for (auto& r : op.data) f(r, op.kind != detail::mpi::MpiOp::Kind::send);
+      for (auto& op : pool_) {
+        f(op.head, op.kind != detail::OpKind::send);
+        for (auto& r : op.data) f(r, op.kind != detail::OpKind::send);
       }
       f(control_req_, true);
       for (auto& r : control_reqs_) f(r, false);
@@ -931,41 +921,19 @@ class MpiTransport {
 
   // ---------------- op bookkeeping ----------------
 
-  detail::mpi::MpiOp& post(int peer, detail::mpi::MpiOp::Kind kind, const Signature& sig,
-                           std::size_t bytes) {
+  detail::mpi::MpiOp& post(int peer, detail::OpKind kind, const Signature& sig, std::size_t bytes) {
     if (aborted_) rethrow();
     if (closed_) throw Error("MpiTransport used after it was closed (MPI_Finalize)");
-    if (peer < 0 || peer >= size_ || peer == rank_) {
-      throw Error("invalid peer rank " + std::to_string(peer) + " (this is rank " +
-                  std::to_string(rank_) + " of " + std::to_string(size_) + ")");
-    }
-    std::uint32_t idx;
-    if (!free_.empty()) {
-      idx = free_.back();
-      free_.pop_back();
-    } else {
-      idx = static_cast<std::uint32_t>(ops_.size());
-      ops_.emplace_back();
-      ops_.back().gen = 0;
-    }
-    detail::mpi::MpiOp& op = ops_[idx];
+    detail::check_peer(peer, rank_, size_);
+    auto& p = peers_[static_cast<std::size_t>(peer)];
+    detail::mpi::MpiOp& op =
+        pool_.post(kind == detail::OpKind::send ? p.sendq : p.recvq, kind, peer, bytes, sig);
     // Reset, keeping the buffers' capacity: no allocation per message once warm.
-    op.kind = kind;
-    op.peer = peer;
-    op.src = nullptr;
-    op.dst = nullptr;
-    op.bytes = bytes;
-    op.sig = sig;
-    op.rs = {};
     op.header_done = false;
     op.inline_payload = false;
     op.head = MPI_REQUEST_NULL;
     op.data.clear();
     op.data_done = 0;
-    op.index = idx;
-    auto& p = peers_[static_cast<std::size_t>(peer)];
-    (kind == detail::mpi::MpiOp::Kind::send ? p.sendq : p.recvq).push_back(idx);
-    ++pending_;
     return op;
   }
 
@@ -993,7 +961,7 @@ class MpiTransport {
     } catch (const Error& e) {
       fail(e);
     }
-    return {op.index, op.gen};
+    return pool_.handle(op);
   }
 
   void mpi_call(int rc, const char* what, const detail::mpi::MpiOp& op) const {
@@ -1011,18 +979,13 @@ class MpiTransport {
     return flag != 0;
   }
 
-  void complete(std::deque<std::uint32_t>& q) {
-    const std::uint32_t idx = q.front();
-    q.pop_front();
-    auto& op = ops_[idx];
+  void complete(detail::OpQueue& q) {
+    auto& op = pool_[q.front()];
     if (op.staging.capacity() > kKeepStagingBytes) {  // a huge one-off message: give it back
       op.staging.clear();
       op.staging.shrink_to_fit();
     }
-    ++op.gen;
-    free_.push_back(idx);
-    --pending_;
-    ++completions_;
+    pool_.complete_front(q);
   }
 
   [[noreturn]] void fail(const Error& e) {
@@ -1050,7 +1013,7 @@ class MpiTransport {
   // drives MPI's progress engine for all the others as well.
   void progress_sends(Peer& peer) {
     while (!peer.sendq.empty()) {
-      detail::mpi::MpiOp& op = ops_[peer.sendq.front()];
+      detail::mpi::MpiOp& op = pool_[peer.sendq.front()];
       if (!test_request(op.head, op)) return;
       for (; op.data_done < op.data.size(); ++op.data_done) {
         if (!test_request(op.data[op.data_done], op)) return;
@@ -1061,7 +1024,7 @@ class MpiTransport {
 
   void progress_recvs(Peer& peer, int p) {
     while (!peer.recvq.empty()) {
-      detail::mpi::MpiOp& op = ops_[peer.recvq.front()];
+      detail::mpi::MpiOp& op = pool_[peer.recvq.front()];
       if (!op.header_done) {
         MPI_Status st;
         if (!test_request(op.head, op, &st)) return;
@@ -1083,7 +1046,7 @@ class MpiTransport {
   }
 
   void deliver(detail::mpi::MpiOp& op, const std::byte* incoming) {
-    if (op.kind == detail::mpi::MpiOp::Kind::recv) {
+    if (op.kind == detail::OpKind::recv) {
       std::memcpy(op.dst, incoming, op.bytes);
     } else {
       op.rs.fn(op.dst, op.src, incoming, op.bytes / op.rs.elem_size);
@@ -1098,17 +1061,8 @@ class MpiTransport {
                   std::to_string(got) + " bytes that are not a kolo message header, during " +
                   op.sig.describe() + " on rank " + std::to_string(rank_));
     }
-    if (h.sig != op.sig || h.bytes != op.bytes) {
-      if (h.sig == op.sig) {
-        throw MismatchError("message size mismatch in " + op.sig.describe() + ": rank " +
-                            std::to_string(p) + " sent " + std::to_string(h.bytes) +
-                            " bytes, rank " + std::to_string(rank_) + " expected " +
-                            std::to_string(op.bytes));
-      }
-      throw MismatchError("collective mismatch: rank " + std::to_string(p) + " called " +
-                          h.sig.describe() + " but rank " + std::to_string(rank_) + " called " +
-                          op.sig.describe());
-    }
+    if (h.sig != op.sig || h.bytes != op.bytes)
+      detail::throw_mismatch(p, rank_, h.sig, h.bytes, op);
     op.inline_payload = h.inline_payload != 0;
     if (op.inline_payload != (op.bytes <= inline_bytes_) ||
         (op.inline_payload && got != sizeof(h) + op.bytes)) {
@@ -1120,15 +1074,15 @@ class MpiTransport {
 
   void block(const Deadline& dl) {
     if (aborted_) rethrow();
-    const std::uint64_t before = completions_;
+    const std::uint64_t before = pool_.completions();
     progress();
-    if (completions_ != before || pending_ == 0) return;
+    if (pool_.completions() != before || pool_.pending() == 0) return;
     detail::mpi::Backoff backoff(spin_us_);
     for (;;) {
       if (dl.expired()) fail(TimeoutError(timeout_message()));
       backoff.pause();
       progress();
-      if (completions_ != before) return;
+      if (pool_.completions() != before) return;
     }
   }
 
@@ -1144,7 +1098,7 @@ class MpiTransport {
       const Peer& peer = peers_[static_cast<std::size_t>(p)];
       if (peer.sendq.empty() && peer.recvq.empty()) continue;
       if (what.empty()) {
-        what = ops_[peer.recvq.empty() ? peer.sendq.front() : peer.recvq.front()].sig.describe();
+        what = pool_[peer.recvq.empty() ? peer.sendq.front() : peer.recvq.front()].sig.describe();
       }
       waiting += (waiting.empty() ? "rank " : ", rank ") + std::to_string(p);
     }
@@ -1162,11 +1116,7 @@ class MpiTransport {
   std::size_t inline_bytes_ = 4000;
   double spin_us_ = 2;
   std::vector<Peer> peers_;
-  std::deque<detail::mpi::MpiOp> ops_;  // a deque: ops never move while MPI holds pointers
-  std::vector<std::uint32_t> free_;
-  std::size_t pending_ = 0;
-  std::uint64_t completions_ = 0;
-  std::uint64_t seen_completions_ = 0;
+  detail::OpPool<detail::mpi::MpiOp> pool_;  // slots never move while MPI holds pointers
   // control channel
   std::unique_ptr<detail::mpi::ControlMessage> control_in_ =
       std::make_unique<detail::mpi::ControlMessage>();

@@ -1,0 +1,316 @@
+// kolo/transport/mesh/connect.hpp — the mesh's set-up: how each peer is reached, and the
+// connections themselves (shared-memory segments and doorbells, authenticated TCP sockets).
+//
+// Routes: a peer with this rank's host key is reached through shared memory, any other through
+// TCP; the route policy (RouteMode) can force TCP for every peer, or refuse a peer on another
+// host (ShmTransport). Everything after that is a fixed sequence that every rank walks in step,
+// with the job's store as the meeting point:
+//   1. allgather "pid|address" (the address only when this rank needs TCP at all);
+//   2. create this rank's segment and doorbell; barrier "shm-created";
+//   3. map every local peer's segment, open its doorbell and its pidfd;
+//   4. TCP: higher ranks connect to lower ones while an acceptor thread serves the handshakes of
+//      the higher ones — all pending handshakes at once in one poll loop, each with a 10 s
+//      budget, so a silent or garbage-sending stranger stalls nobody. Every connection starts
+//      with the mutual HMAC-SHA256 challenge-response of net/auth.hpp, the client's rank and
+//      purpose bound into the MAC. The listening socket is closed at the end: later strangers are
+//      refused by the kernel;
+//   5. barrier "mesh-ready"; then the segment's and doorbell's names are unlinked (every rank has
+//      opened them), so a crash leaks nothing.
+// Barriers are entered by every rank, with or without local peers, or they would not meet. The
+// store keys and barrier names are part of the protocol (tests that play a rank by hand write
+// them too).
+#pragma once
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kolo/core/deadline.hpp"
+#include "kolo/core/error.hpp"
+#include "kolo/net/auth.hpp"
+#include "kolo/net/socket.hpp"
+#include "kolo/topology/bootstrap.hpp"
+#include "kolo/transport/mesh/shm_channel.hpp"
+#include "kolo/transport/mesh/tcp_channel.hpp"
+
+namespace kolo {
+
+// How a peer is reached.
+enum class Route : std::uint8_t { self, shm, tcp };
+// Which routes a mesh may use: ShmTransport, TcpTransport, RoutedTransport.
+enum class RouteMode : std::uint8_t { shm_only, tcp_only, routed };
+
+inline const char* route_name(Route r) {
+  return r == Route::shm ? "shm" : r == Route::tcp ? "tcp" : "self";
+}
+
+namespace detail {
+
+// One peer's connection, as set-up leaves it.
+struct PeerLink {
+  Route route = Route::self;
+  int pid = 0;
+  ShmChannel shm;  // route shm
+  TcpChannel tcp;  // route tcp
+};
+
+// Everything set-up made.
+struct MeshLinks {
+  std::vector<PeerLink> peers;  // by rank (this rank's entry: Route::self)
+  ShmSegment own;               // valid when some peer is reached through shared memory
+  std::size_t local_ranks = 0;  // ranks sharing memory, this one included (0: none)
+};
+
+// The route to every rank under `mode` (a peer on another host under shm_only: ConfigError).
+inline std::vector<Route> choose_routes(const Bootstrap& boot, RouteMode mode) {
+  const int rank = boot.rank();
+  std::vector<Route> routes(static_cast<std::size_t>(boot.size()), Route::self);
+  for (int p = 0; p < boot.size(); ++p) {
+    Route& r = routes[static_cast<std::size_t>(p)];
+    if (p == rank) {
+      r = Route::self;
+    } else if (mode == RouteMode::tcp_only) {
+      r = Route::tcp;
+    } else if (boot.same_host(p)) {
+      r = Route::shm;
+    } else if (mode == RouteMode::routed) {
+      r = Route::tcp;
+    } else {
+      throw ConfigError("ShmTransport needs every rank on one host, but rank " + std::to_string(p) +
+                        " is on host '" + boot.host_keys()[static_cast<std::size_t>(p)] +
+                        "' and rank " + std::to_string(rank) + " on '" + boot.topology().host_key +
+                        "': use RoutedTransport (KOLO_TRANSPORT=routed) or TcpTransport");
+    }
+  }
+  return routes;
+}
+
+// Builds every connection of this rank (see the file comment for the sequence).
+class MeshConnector {
+ public:
+  MeshConnector(Bootstrap& boot, ShmGeometry geometry, std::size_t frame_bytes)
+      : boot_(boot),
+        rank_(boot.rank()),
+        size_(boot.size()),
+        timeout_(boot.topology().timeout_seconds),
+        geometry_(geometry),
+        frame_bytes_(frame_bytes) {}
+
+  MeshLinks connect(const std::vector<Route>& routes) {
+    MeshLinks links;
+    links.peers.resize(static_cast<std::size_t>(size_));
+    bool need_tcp = false, need_shm = false;
+    for (int p = 0; p < size_; ++p) {
+      const Route r = routes[static_cast<std::size_t>(p)];
+      links.peers[static_cast<std::size_t>(p)].route = r;
+      need_tcp |= r == Route::tcp;
+      need_shm |= r == Route::shm;
+    }
+    if (size_ == 1) return links;
+    const Topology& topo = boot_.topology();
+    const Deadline dl = Deadline::after(timeout_);
+
+    net::Socket listener;
+    std::string my_addr = "-";
+    if (need_tcp) {
+      if (topo.listen_fd >= 0) {
+        listener = net::Socket(topo.listen_fd);
+      } else {
+        listener = net::listen_tcp("0.0.0.0", 0);
+      }
+      my_addr = boot_.advertised_ip() + ":" + std::to_string(net::local_port(listener.fd()));
+    }
+    const std::string token = boot_.job_token();
+    const auto infos = boot_.allgather("mesh", std::to_string(::getpid()) + "|" + my_addr);
+    for (int p = 0; p < size_; ++p) {
+      const std::string& info = infos[static_cast<std::size_t>(p)];
+      const auto bar = info.find('|');
+      links.peers[static_cast<std::size_t>(p)].pid = std::stoi(info.substr(0, bar));
+    }
+
+    // Barriers are entered by every rank, with or without local peers, or they would not meet.
+    std::vector<std::size_t> local_index;
+    if (need_shm) local_index = create_shm(token, links);
+    boot_.barrier("shm-created");
+    if (need_shm) map_peers_shm(token, links, local_index);
+    if (need_tcp) connect_tcp(std::move(listener), infos, links, dl);
+    boot_.barrier("mesh-ready");
+    // Everyone has mapped everything: remove the names so a crash cannot leak them.
+    if (need_shm) ShmSegment::unlink_names(token, rank_);
+    return links;
+  }
+
+ private:
+  static constexpr std::size_t kNotLocal = ~std::size_t{0};
+
+  // The local ranks (this one included) get indices 0.. in rank order: their rings' positions.
+  std::vector<std::size_t> create_shm(const std::string& token, MeshLinks& links) {
+    std::vector<std::size_t> local_index(static_cast<std::size_t>(size_), kNotLocal);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || links.peers[static_cast<std::size_t>(p)].route == Route::shm) {
+        local_index[static_cast<std::size_t>(p)] = links.local_ranks++;
+      }
+    }
+    links.own.create(token, rank_, links.local_ranks, geometry_);
+    return local_index;
+  }
+
+  void map_peers_shm(const std::string& token, MeshLinks& links,
+                     const std::vector<std::size_t>& local_index) {
+    const std::size_t me = local_index[static_cast<std::size_t>(rank_)];
+    for (int p = 0; p < size_; ++p) {
+      PeerLink& peer = links.peers[static_cast<std::size_t>(p)];
+      if (peer.route != Route::shm) continue;
+      peer.shm.open(token, p, peer.pid, links.local_ranks, me,
+                    local_index[static_cast<std::size_t>(p)], links.own, geometry_);
+    }
+  }
+
+  void connect_tcp(net::Socket listener, const std::vector<std::string>& infos, MeshLinks& links,
+                   const Deadline& dl) {
+    const std::string secret = boot_.topology().secret;
+    // Higher ranks connect to lower ones; an acceptor thread serves the handshakes of the
+    // higher ranks meanwhile, all of them at once, so a silent stranger stalls nobody.
+    std::vector<int> expect;
+    for (int p = rank_ + 1; p < size_; ++p) {
+      if (links.peers[static_cast<std::size_t>(p)].route == Route::tcp) expect.push_back(p);
+    }
+    std::vector<int> fds(static_cast<std::size_t>(size_), -1);
+    std::exception_ptr accept_error;
+    std::thread acceptor([&] {
+      try {
+        accept_peers(listener.fd(), secret, expect, fds, dl);
+      } catch (...) {
+        accept_error = std::current_exception();
+      }
+    });
+    std::exception_ptr connect_error;
+    try {
+      for (int p = 0; p < rank_; ++p) {
+        if (links.peers[static_cast<std::size_t>(p)].route != Route::tcp) continue;
+        const std::string& info = infos[static_cast<std::size_t>(p)];
+        const auto hp = net::parse_host_port(info.substr(info.find('|') + 1),
+                                             "address of rank " + std::to_string(p));
+        const std::string who = "rank " + std::to_string(p) + " (" + hp.str() + ")";
+        net::Socket s = net::connect_tcp(hp.host, hp.port, dl, who);
+        net::authenticate_client(s.fd(), secret, net::Hello{net::kPurposeData, rank_, 0}, dl, who);
+        fds[static_cast<std::size_t>(p)] = s.release();
+      }
+    } catch (...) {
+      connect_error = std::current_exception();
+      stop_accepting_.store(true);
+    }
+    acceptor.join();
+    if (connect_error || accept_error) {
+      for (int fd : fds) {
+        if (fd >= 0) ::close(fd);
+      }
+      std::rethrow_exception(connect_error ? connect_error : accept_error);
+    }
+    for (int p = 0; p < size_; ++p) {
+      PeerLink& peer = links.peers[static_cast<std::size_t>(p)];
+      if (peer.route == Route::tcp) {
+        peer.tcp.open(fds[static_cast<std::size_t>(p)], p, rank_, frame_bytes_);
+      }
+    }
+    // The listener closes with `listener` here: later strangers are refused by the kernel.
+  }
+
+  void accept_peers(int lfd, const std::string& secret, const std::vector<int>& expect,
+                    std::vector<int>& out, const Deadline& dl) {
+    std::size_t missing = expect.size();
+    struct Pending {
+      net::Socket sock;
+      std::unique_ptr<net::ServerHandshake> hs;
+      Deadline until;
+    };
+    std::vector<Pending> pending;
+    net::set_nonblocking(lfd, true);
+    while (missing > 0) {
+      if (stop_accepting_.load()) return;
+      if (dl.expired()) {
+        std::string who;
+        for (int p : expect) {
+          if (out[static_cast<std::size_t>(p)] < 0)
+            who += (who.empty() ? "" : ", ") + std::to_string(p);
+        }
+        throw TimeoutError("rank " + std::to_string(rank_) +
+                           " timed out waiting for TCP connections from rank(s) " + who +
+                           " (KOLO_TIMEOUT_SECONDS=" + std::to_string(timeout_) + ")");
+      }
+      std::vector<pollfd> fds;
+      fds.push_back({lfd, POLLIN, 0});
+      for (auto& pc : pending) fds.push_back({pc.sock.fd(), POLLIN, 0});
+      const int rc = ::poll(fds.data(), fds.size(), dl.remaining_ms(100));
+      if (rc < 0 && errno != EINTR) throw Error("poll failed: " + net::errno_text(errno));
+      if (fds[0].revents & POLLIN) {
+        const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd >= 0) {
+          Pending pc{net::Socket(fd), nullptr, Deadline::after(10.0).earlier(dl)};
+          try {
+            pc.hs = std::make_unique<net::ServerHandshake>(fd, secret);
+            pending.push_back(std::move(pc));
+          } catch (const Error&) {  // could not even send the challenge: drop it
+          }
+        }
+      }
+      for (std::size_t i = 0; i < pending.size();) {
+        bool drop = false;
+        const short rev = i + 1 < fds.size() ? fds[i + 1].revents : 0;
+        if (rev) {
+          try {
+            if (pending[i].hs->on_readable()) {
+              const net::Hello h = pending[i].hs->hello();
+              const bool wanted = h.purpose == net::kPurposeData &&
+                                  std::find(expect.begin(), expect.end(), h.rank) != expect.end() &&
+                                  out[static_cast<std::size_t>(h.rank)] < 0;
+              if (wanted) {
+                out[static_cast<std::size_t>(h.rank)] = pending[i].sock.release();
+                --missing;
+              }
+              drop = true;  // accepted (fd moved out) or an authenticated but unexpected client
+            }
+          } catch (const Error&) {
+            drop = true;  // wrong secret, garbage, or closed: refuse silently
+          }
+        } else if (pending[i].until.expired()) {
+          drop = true;  // silent stranger
+        }
+        if (drop) {
+          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+    }
+  }
+
+  Bootstrap& boot_;
+  int rank_;
+  int size_;
+  double timeout_;
+  ShmGeometry geometry_;
+  std::size_t frame_bytes_;
+  std::atomic<bool> stop_accepting_{false};
+};
+
+// How every peer of `boot` is reached under `mode`, connected.
+inline MeshLinks connect_mesh(Bootstrap& boot, RouteMode mode, ShmGeometry geometry,
+                              std::size_t frame_bytes) {
+  const std::vector<Route> routes = choose_routes(boot, mode);
+  return MeshConnector(boot, geometry, frame_bytes).connect(routes);
+}
+
+}  // namespace detail
+}  // namespace kolo

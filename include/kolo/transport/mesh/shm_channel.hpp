@@ -1,0 +1,309 @@
+// kolo/transport/mesh/shm_channel.hpp — the mesh's shared-memory route: segment layout, mapping,
+// and the single-producer single-consumer slot ring that carries messages between two ranks of
+// one host.
+//
+// Every rank owns one POSIX shared-memory segment (ShmSegment): a control block (the sleeping
+// flag of its doorbell, an abort record peers write into) and one inbound ring per local peer.
+// A ring is K slots of S bytes, each behind a 64-byte header whose `full` flag is the only
+// synchronising field: the producer fills a free slot and publishes it with a release store, the
+// consumer copies or reduces straight out of it (irecv_reduce needs no temporary) and frees it
+// with a release store. The first slot of a message carries the sender's Signature and the
+// message's size, checked against the receive before any byte is delivered.
+//
+// ShmChannel is one peer as seen from this rank: the ring it writes (inside the peer's segment),
+// the ring it reads (inside its own), the peer's doorbell and its pidfd, through which a
+// SIGKILLed peer is noticed at once. It moves bytes and nothing else: which operation comes
+// next, completion and errors are the engine's (mesh.hpp); how a sleeping peer is woken is the
+// doorbell's (doorbell.hpp). A zero-copy path (the receiver reading the sender's buffer through
+// cross-memory attach, say) belongs here, behind push/pull.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "kolo/core/error.hpp"
+#include "kolo/core/signature.hpp"
+#include "kolo/net/socket.hpp"
+#include "kolo/transport/mesh/doorbell.hpp"
+#include "kolo/transport/op_pool.hpp"
+
+namespace kolo::detail {
+
+// ---- layout ----
+
+struct alignas(64) ShmSlotHeader {
+  std::atomic<std::uint32_t> full;  // 0 free, 1 holds data: the only synchronising field
+  std::uint32_t first;              // 1 on the first slot of a message
+  std::uint64_t bytes;              // payload bytes in this slot
+  std::uint64_t msg_bytes;          // total message bytes (first slot)
+  std::uint64_t reserved;
+  Signature sig;  // sender's view of the collective (first slot)
+};
+static_assert(sizeof(ShmSlotHeader) == 64);
+
+struct alignas(64) ShmControl {
+  std::atomic<std::uint32_t> sleeping;  // owner is (about to be) blocked in poll()
+  std::uint32_t pad0[15];
+  std::atomic<std::uint32_t> aborted;  // 0 no, 1 being written, 2 ready to read
+  std::int32_t abort_kind;
+  std::int32_t abort_origin;
+  std::int32_t pid;
+  char reason[2048];
+};
+
+inline constexpr std::size_t kShmControlBytes = 4096;
+static_assert(sizeof(ShmControl) <= kShmControlBytes);
+
+// Ring geometry, the same on every rank of a job (KOLO_SHM_SLOTS, KOLO_SHM_SLOT_BYTES).
+struct ShmGeometry {
+  std::size_t slots = 8;
+  std::size_t slot_bytes = 256 * 1024;
+
+  std::size_t stride() const { return sizeof(ShmSlotHeader) + slot_bytes; }
+  std::size_t ring_bytes() const { return slots * stride(); }
+  // A segment with one inbound ring per local rank (its own included: indices stay simple).
+  std::size_t segment_bytes(std::size_t local_ranks) const {
+    return kShmControlBytes + local_ranks * ring_bytes();
+  }
+};
+
+inline std::string shm_segment_name(const std::string& token, int rank) {
+  return "/kolo-" + token + "-" + std::to_string(rank);
+}
+
+struct ShmMapping {
+  void* base = nullptr;
+  std::size_t bytes = 0;
+  ShmMapping() = default;
+  ShmMapping(const ShmMapping&) = delete;
+  ShmMapping& operator=(const ShmMapping&) = delete;
+  ~ShmMapping() {
+    if (base) ::munmap(base, bytes);
+  }
+};
+
+inline std::shared_ptr<ShmMapping> map_shm_segment(const std::string& name, std::size_t bytes,
+                                                   bool create) {
+  const int fd = ::shm_open(name.c_str(), create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
+  if (fd < 0) {
+    throw Error("shm_open(" + name + ") failed: " + net::errno_text(errno) +
+                (create ? " (is /dev/shm mounted and writable?)" : ""));
+  }
+  if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    throw Error("cannot size shared memory " + name + " to " + std::to_string(bytes) +
+                " bytes: " + net::errno_text(err) + " (is /dev/shm large enough?)");
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) throw Error("mmap of " + name + " failed: " + net::errno_text(errno));
+  auto m = std::make_shared<ShmMapping>();
+  m->base = p;
+  m->bytes = bytes;
+  return m;
+}
+
+// This rank's own segment: its control block, its doorbell and its inbound rings.
+class ShmSegment {
+ public:
+  // Creates and maps the segment (`local_ranks` inbound rings) and the doorbell, by name.
+  void create(const std::string& token, int rank, std::size_t local_ranks, ShmGeometry g) {
+    geometry_ = g;
+    mapping_ = map_shm_segment(shm_segment_name(token, rank), g.segment_bytes(local_ranks), true);
+    ctrl_ = new (mapping_->base) ShmControl();
+    ctrl_->pid = static_cast<std::int32_t>(::getpid());
+    bell_.create(doorbell_path(token, rank), &ctrl_->sleeping);
+  }
+
+  // Once every local rank has mapped and opened everything: a crash can then leak nothing.
+  static void unlink_names(const std::string& token, int rank) {
+    ::shm_unlink(shm_segment_name(token, rank).c_str());
+    ::unlink(doorbell_path(token, rank).c_str());
+  }
+
+  bool valid() const { return ctrl_ != nullptr; }
+  Doorbell& doorbell() { return bell_; }
+  // The inbound ring of the local rank with index `local_index`.
+  std::byte* inbound_ring(std::size_t local_index) const {
+    return static_cast<std::byte*>(mapping_->base) + kShmControlBytes +
+           local_index * geometry_.ring_bytes();
+  }
+
+  // A peer's abort, once it is completely written (cheap: one acquire load when there is none).
+  bool abort_posted() const { return ctrl_ && ctrl_->aborted.load(std::memory_order_acquire) == 2; }
+  RemoteAbort abort_record() const {
+    return {static_cast<ErrorKind>(ctrl_->abort_kind), ctrl_->abort_origin,
+            std::string(ctrl_->reason)};
+  }
+
+ private:
+  ShmGeometry geometry_;
+  std::shared_ptr<ShmMapping> mapping_;
+  ShmControl* ctrl_ = nullptr;
+  Doorbell bell_;
+};
+
+// One local peer: the ring this rank writes (in the peer's segment) and the one it reads (in its
+// own), the peer's doorbell and its process handle.
+class ShmChannel {
+ public:
+  ShmChannel() = default;
+  ShmChannel(const ShmChannel&) = delete;
+  ShmChannel& operator=(const ShmChannel&) = delete;
+  ShmChannel(ShmChannel&& o) noexcept { *this = std::move(o); }
+  ShmChannel& operator=(ShmChannel&& o) noexcept {
+    std::swap(out_, o.out_);
+    std::swap(in_, o.in_);
+    std::swap(head_, o.head_);
+    std::swap(tail_, o.tail_);
+    std::swap(geometry_, o.geometry_);
+    std::swap(peer_ctrl_, o.peer_ctrl_);
+    std::swap(mapping_, o.mapping_);
+    std::swap(bell_, o.bell_);
+    std::swap(pidfd_, o.pidfd_);
+    std::swap(dead_, o.dead_);
+    return *this;
+  }
+  ~ShmChannel() {
+    if (pidfd_ >= 0) ::close(pidfd_);
+  }
+
+  // Maps peer `rank`'s segment (`local_ranks` rings) and opens its doorbell. This rank is local
+  // index `me` (its ring in the peer's segment), the peer is `them` (its ring in `own`).
+  void open(const std::string& token, int rank, int pid, std::size_t local_ranks, std::size_t me,
+            std::size_t them, const ShmSegment& own, ShmGeometry g) {
+    geometry_ = g;
+    mapping_ = map_shm_segment(shm_segment_name(token, rank), g.segment_bytes(local_ranks), false);
+    auto* base = static_cast<std::byte*>(mapping_->base);
+    peer_ctrl_ = reinterpret_cast<ShmControl*>(base);
+    out_ = base + kShmControlBytes + me * g.ring_bytes();
+    in_ = own.inbound_ring(them);
+    bell_.open(doorbell_path(token, rank), rank, &peer_ctrl_->sleeping);
+#ifdef SYS_pidfd_open
+    pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+    (void)pid;
+#endif
+  }
+
+  // Copies as much of send `op` into free slots as there are; true once all of it (and its first
+  // slot, for an empty message) is published. `published`: a slot was.
+  [[gnu::always_inline]] bool push(StreamOp& op, bool& published) {
+    while (op.done < op.bytes || !op.begun) {
+      ShmSlotHeader* s = slot(out_, head_);
+      if (s->full.load(std::memory_order_acquire) != 0) return false;  // ring full: wait
+      const std::size_t n = std::min(geometry_.slot_bytes, op.bytes - op.done);
+      // n == 0 (an empty message) may come with a null src: memcpy must not see it (UB).
+      if (n > 0) std::memcpy(reinterpret_cast<std::byte*>(s + 1), op.src + op.done, n);
+      s->bytes = n;
+      s->first = op.begun ? 0 : 1;
+      if (!op.begun) {
+        s->msg_bytes = op.bytes;
+        s->sig = op.sig;
+        op.begun = true;
+      }
+      s->full.store(1, std::memory_order_release);
+      ++head_;
+      op.done += n;
+      published = true;
+    }
+    return true;
+  }
+
+  // Delivers (copies, or folds with op.rs) what the ring holds of receive `op`; true once all of
+  // it has arrived, false when the ring is empty. `freed`: a slot was. The first slot is checked
+  // against op: a different Signature or size is a MismatchError naming both calls.
+  [[gnu::always_inline]] bool pull(StreamOp& op, bool& freed, int self) {
+    while (op.done < op.bytes || !op.begun) {
+      ShmSlotHeader* s = slot(in_, tail_);
+      if (s->full.load(std::memory_order_acquire) == 0) return false;
+      if (!op.begun) {
+        if (!s->first || s->sig != op.sig || s->msg_bytes != op.bytes) {
+          if (!s->first) {
+            throw Error("shared-memory protocol error from rank " + std::to_string(op.peer) +
+                        " (shm)");
+          }
+          throw_mismatch(op.peer, self, s->sig, s->msg_bytes, op);
+        }
+        op.begun = true;
+      }
+      const std::size_t n = s->bytes;
+      const auto* data = reinterpret_cast<const std::byte*>(s + 1);
+      if (op.kind == OpKind::recv) {
+        if (n > 0) std::memcpy(op.dst + op.done, data, n);  // dst may be null when n == 0
+      } else {
+        op.rs.fn(op.dst + op.done, op.src + op.done, data, n / op.rs.elem_size);
+      }
+      s->full.store(0, std::memory_order_release);
+      ++tail_;
+      op.done += n;
+      freed = true;
+    }
+    return true;
+  }
+
+  // Wakes the peer if it sleeps (always, with `force`).
+  void ring(bool force = false) {
+    bell_.ring(force);
+  }
+
+  // Writes err into the peer's abort record (unless someone already has) and rings.
+  void post_abort(ErrorKind kind, int origin, const std::string& reason) {
+    std::uint32_t expect = 0;
+    if (peer_ctrl_ && peer_ctrl_->aborted.compare_exchange_strong(expect, 1)) {
+      peer_ctrl_->abort_kind = static_cast<std::int32_t>(kind);
+      peer_ctrl_->abort_origin = origin;
+      const std::size_t n = std::min(reason.size(), sizeof(peer_ctrl_->reason) - 1);
+      std::memcpy(peer_ctrl_->reason, reason.data(), n);
+      peer_ctrl_->reason[n] = '\0';
+      peer_ctrl_->aborted.store(2, std::memory_order_release);
+    }
+    ring(true);
+  }
+
+  // The peer's process handle (readable once it has exited), -1 without pidfd_open.
+  int pidfd() const {
+    return pidfd_;
+  }
+  // The peer has exited: operations it can no longer complete fail (the engine decides which:
+  // data already published is still delivered).
+  bool dead() const {
+    return dead_;
+  }
+  void mark_dead() {
+    dead_ = true;
+  }
+
+ private:
+  ShmSlotHeader* slot(std::byte* ring, std::uint64_t i) const {
+    return reinterpret_cast<ShmSlotHeader*>(ring + (i % geometry_.slots) * geometry_.stride());
+  }
+
+  std::byte* out_ = nullptr;  // my ring inside the peer's segment
+  std::byte* in_ = nullptr;   // the peer's ring inside my segment
+  std::uint64_t head_ = 0, tail_ = 0;
+  ShmGeometry geometry_;
+  ShmControl* peer_ctrl_ = nullptr;
+  std::shared_ptr<ShmMapping> mapping_;
+  PeerBell bell_;
+  int pidfd_ = -1;
+  bool dead_ = false;
+};
+
+}  // namespace kolo::detail
