@@ -56,16 +56,10 @@
 #include "kolo/net/auth.hpp"
 #include "kolo/net/socket.hpp"
 #include "kolo/topology/bootstrap.hpp"
+#include "kolo/transport/route.hpp"
 #include "kolo/transport/transport.hpp"
 
 namespace kolo {
-
-enum class Route : std::uint8_t { self, shm, tcp };
-enum class RouteMode : std::uint8_t { shm_only, tcp_only, routed };
-
-inline const char* route_name(Route r) {
-  return r == Route::shm ? "shm" : r == Route::tcp ? "tcp" : "self";
-}
 
 struct MeshOptions {
   std::size_t shm_slot_bytes = 256 * 1024;  // S: one copy unit; large enough for memcpy speed
@@ -181,8 +175,22 @@ class MeshTransport {
         mode_(mode),
         opts_(opts),
         timeout_(boot.topology().timeout_seconds),
+        host_keys_(boot.host_keys()),
         peers_(static_cast<std::size_t>(boot.size())) {
     setup(boot);
+  }
+
+  // The factory (transport.hpp, Connectable): the route policy (KOLO_TRANSPORT) and the mesh's
+  // variables, read before the rendezvous, then the connections.
+  struct Options {
+    RouteMode mode = RouteMode::routed;
+    MeshOptions mesh;
+    static Options from_env(const EnvLookup& env) {
+      return {route_mode_from_env(env), MeshOptions::from_env(env)};
+    }
+  };
+  static std::unique_ptr<MeshTransport> connect(Bootstrap& boot, const Options& o) {
+    return std::make_unique<MeshTransport>(boot, o.mode, o.mesh);
   }
 
   MeshTransport(const MeshTransport&) = delete;
@@ -203,6 +211,15 @@ class MeshTransport {
   double timeout_seconds() const { return timeout_; }
   RouteMode mode() const { return mode_; }
   Route route(int peer) const { return peers_[static_cast<std::size_t>(peer)].route; }
+  // How rank a reaches rank b, the same answer on every rank (from the host keys and the policy).
+  Route route_between(int a, int b) const {
+    if (a == b) return Route::self;
+    if (mode_ == RouteMode::tcp_only) return Route::tcp;
+    if (host_keys_[static_cast<std::size_t>(a)] == host_keys_[static_cast<std::size_t>(b)]) {
+      return Route::shm;
+    }
+    return mode_ == RouteMode::routed ? Route::tcp : Route::shm;
+  }
   int local_peer_count() const { return static_cast<int>(local_ranks_.size()); }
 
   // ---------------- posting ----------------
@@ -1237,6 +1254,7 @@ class MeshTransport {
   RouteMode mode_;
   MeshOptions opts_;
   double timeout_;
+  std::vector<std::string> host_keys_;  // every rank's, for route_between
   double spin_us_ = 0;
   std::vector<Peer> peers_;
   std::deque<detail::Op> ops_;
@@ -1259,6 +1277,6 @@ class MeshTransport {
   int abort_origin_ = -1;
 };
 
-static_assert(Transport<MeshTransport>);
+static_assert(check_transport<MeshTransport>());
 
 }  // namespace kolo
