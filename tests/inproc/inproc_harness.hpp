@@ -267,10 +267,13 @@ inline void allreduce_cell(Comm& c, int r, std::size_t count, Failures& f, const
           c.allreduce(kolo::TensorView(in.data(), count, cs.dtype),
                       kolo::TensorView(out.data(), count, cs.dtype), cs.op);
           check_case<T>(out, cs, n, count, where, f);
-          // The input is untouched out of place.
-          std::vector<std::byte> again;
-          fill_case<T>(again, cs, r, n, count);
-          if (again != in) f.add(where + ": the input changed");
+          // The input is untouched out of place (checked on the small counts: the large one
+          // is the sanitizer runs' biggest cost).
+          if (count <= 1000) {
+            std::vector<std::byte> again;
+            fill_case<T>(again, cs, r, n, count);
+            if (again != in) f.add(where + ": the input changed");
+          }
         }
         if (want && c.last_allreduce_algorithm() != *want) {
           f.add(where + ": ran " + kolo::algorithm_name(c.last_allreduce_algorithm()) +

@@ -67,8 +67,10 @@ TEST_CASE(
     CHECK(sel.model_allreduce(b) != kToy);
   }
 
+  // Selected by the variable: every count on a spread of rank counts (the registry-driven
+  // matrix in test_algorithms.cpp runs it, forced, on all of them).
   const auto opts = inproc::options_from({{"KOLO_ALLREDUCE", "toy-star:0-max"}});
-  for (int n : inproc::kRankCounts) {
+  for (int n : {1, 2, 3, 4, 7, 9}) {
     CAPTURE(n);
     inproc::Failures f;
     inproc::run_ranks(

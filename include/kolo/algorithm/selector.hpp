@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -547,16 +548,15 @@ class Selector {
     return i < e.size() ? e[i] : nullptr;
   }
 
+  // The next power of two of `bytes` (0 and 1 themselves), and its bucket: 0, 1, 2 + log2.
   static double bucket(std::size_t bytes) {
-    std::size_t p = 1;
-    while (p < bytes && p < (std::size_t{1} << 62)) p <<= 1;
-    return static_cast<double>(bytes <= 1 ? bytes : p);
+    if (bytes <= 1) return static_cast<double>(bytes);
+    const auto k = std::min<std::size_t>(62, static_cast<std::size_t>(std::bit_width(bytes - 1)));
+    return static_cast<double>(std::size_t{1} << k);
   }
   static std::size_t bucket_index(std::size_t bytes) {
     if (bytes <= 1) return bytes;
-    std::size_t k = 0;
-    while (k < 63 && (std::size_t{1} << k) < bytes) ++k;
-    return 1 + k;
+    return 1 + static_cast<std::size_t>(std::bit_width(bytes - 1));
   }
 
   CostQuery query(double S) const {
