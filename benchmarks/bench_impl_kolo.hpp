@@ -25,7 +25,7 @@
 
 namespace kolo::bench {
 
-template <Transport T>
+template <class T>
 class KoloImpl final : public Impl {
  public:
   KoloImpl(Communicator<T> comm, const KoloConfig& cfg, std::string route)
@@ -34,10 +34,22 @@ class KoloImpl final : public Impl {
         route_(std::move(route)),
         compression_(CompressionPolicy::parse(cfg.compression)) {
     // Validated by the command line already; here the choice is applied.
-    if (cfg_.coll == Coll::allreduce) {
-      if (auto a = parse_allreduce_algorithm(cfg_.algo)) comm_.selector().force_allreduce(*a);
-    } else if (cfg_.coll == Coll::broadcast) {
-      if (auto a = parse_broadcast_algorithm(cfg_.algo)) comm_.selector().force_broadcast(*a);
+    switch (cfg_.coll) {
+      case Coll::allreduce:
+        force<AllreduceAlgorithm>();
+        break;
+      case Coll::broadcast:
+        force<BroadcastAlgorithm>();
+        break;
+      case Coll::allgather:
+        force<AllgatherAlgorithm>();
+        break;
+      case Coll::reduce_scatter:
+        force<ReduceScatterAlgorithm>();
+        break;
+      case Coll::alltoall:
+        force<AlltoallAlgorithm>();
+        break;
     }
   }
 
@@ -52,9 +64,8 @@ class KoloImpl final : public Impl {
             std::to_string(comm_.local_size()) + ", hardware threads " +
             std::to_string(std::thread::hardware_concurrency()),
         "algorithm: --algo " + cfg_.algo +
-            "; allreduce and broadcast per size by the Selector: " + comm_.selector().describe() +
-            "; allgather/reduce_scatter ring, alltoall pairwise; segment " +
-            std::to_string(co.segment_bytes) + " B",
+            "; per collective and size by the Selector: " + comm_.selector().describe() +
+            "; segment " + std::to_string(co.segment_bytes) + " B",
         "compression: " + std::string(compression_.name) +
             (compression_.enabled() ? " (compress -> allreduce on the 16-bit wire -> "
                                       "decompress, timed; tolerance 2^-10 fp16, 2^-7 bf16 relative)"
@@ -106,10 +117,28 @@ class KoloImpl final : public Impl {
   }
 
   std::string last_algorithm() const override {
-    if (cfg_.coll == Coll::allreduce) return algorithm_name(comm_.last_allreduce_algorithm());
-    if (cfg_.coll == Coll::broadcast) return algorithm_name(comm_.last_broadcast_algorithm());
+    switch (cfg_.coll) {
+      case Coll::allreduce:
+        return algorithm_name(comm_.last_allreduce_algorithm());
+      case Coll::broadcast:
+        return algorithm_name(comm_.last_broadcast_algorithm());
+      case Coll::allgather:
+        return algorithm_name(comm_.last_allgather_algorithm());
+      case Coll::reduce_scatter:
+        return algorithm_name(comm_.last_reduce_scatter_algorithm());
+      case Coll::alltoall:
+        return algorithm_name(comm_.last_alltoall_algorithm());
+    }
     return {};
   }
+
+ private:
+  template <class Algo>
+  void force() {
+    if (auto a = parse_algorithm<Algo>(cfg_.algo)) comm_.selector().force(*a);
+  }
+
+ public:
 
   double tolerance() const override {
     if (!compression_.enabled()) return 0.0;

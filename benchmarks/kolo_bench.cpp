@@ -88,7 +88,8 @@ constexpr const char* kUsage = R"(Usage: kolo-bench [options]
                              mpi-native (kolo over MPI, under mpirun)
       --algo <a>             kolo's algorithm: auto (default: the Selector decides per size);
                              allreduce: ring, tree, halving-doubling, recursive-doubling,
-                             hierarchical; broadcast: chain, binomial
+                             hierarchical; broadcast: chain, binomial; allgather and
+                             reduce_scatter: ring; alltoall: pairwise
       --compression <c>      none (default), fp16, bf16: kolo allreduce of float32 sum/avg
                              with a 16-bit wire (the engine's compressor)
       --rotate <n|auto>      buffer sets rotated through the timed loop; default auto
@@ -183,33 +184,28 @@ void check_algo(const Options& o) {
     throw ArgError("--algo " + o.algo + " chooses kolo's algorithm; --impl " + o.impl +
                    " picks its own");
   }
+  // Every collective's registry: its names and aliases (and any registered algorithm's).
   try {
     switch (o.coll) {
       case Coll::allreduce:
-        parse_allreduce_algorithm(o.algo);
+        parse_algorithm<AllreduceAlgorithm>(o.algo, "allreduce");
         return;
       case Coll::broadcast:
-        parse_broadcast_algorithm(o.algo);
+        parse_algorithm<BroadcastAlgorithm>(o.algo, "broadcast");
         return;
       case Coll::allgather:
+        parse_algorithm<AllgatherAlgorithm>(o.algo, "allgather");
+        return;
       case Coll::reduce_scatter:
-        if (o.algo == "ring") return;
-        break;
+        parse_algorithm<ReduceScatterAlgorithm>(o.algo, "reduce_scatter");
+        return;
       case Coll::alltoall:
-        if (o.algo == "pairwise") return;
-        break;
+        parse_algorithm<AlltoallAlgorithm>(o.algo, "alltoall");
+        return;
     }
   } catch (const ConfigError& e) {
-    if (o.algo == "tree" || o.algo == "halving-doubling" || o.algo == "hierarchical" ||
-        o.algo == "ring" || o.algo == "recursive-doubling") {
-      throw ArgError("--algo " + o.algo + ": not available yet for " +
-                     std::string(coll_name(o.coll)) + " (" + e.what() + ")");
-    }
     throw ArgError(std::string("--algo: ") + e.what());
   }
-  throw ArgError("--algo " + o.algo + ": not available yet for " + std::string(coll_name(o.coll)) +
-                 " (kolo has " + (o.coll == Coll::alltoall ? "pairwise" : "ring") +
-                 " only; auto picks it)");
 }
 
 // Wire compression is the engine's float32 gradient path: allreduce, sum or average.

@@ -1,5 +1,5 @@
 // micro_ring — the segmented ring pipeline (kolo::allreduce_ring) on the in-process transport:
-// threads as ranks, zero-copy rendezvous messages (inproc_transport.hpp). What it measures is
+// threads as ranks, zero-copy rendezvous messages (kolo/transport/inproc.hpp). What it measures is
 // the algorithm's own cost and the effect of the segment size, without shared-memory slots or
 // sockets in the way; compare with kolo-bench over shm/tcp to see what the transport adds.
 //
@@ -16,12 +16,12 @@
 
 #include <kolo/algorithm/ring_allreduce.hpp>
 
-#include "inproc_transport.hpp"
+#include <kolo/transport/inproc.hpp>
 
 namespace {
 
-using kolo::bench::InprocFabric;
-using kolo::bench::InprocTransport;
+using kolo::InprocFabric;
+using kolo::InprocTransport;
 
 void BM_RingAllreduce(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));

@@ -32,19 +32,11 @@
 #include <utility>
 #include <vector>
 
-#include "kolo/algorithm/allreduce_double_tree.hpp"
-#include "kolo/algorithm/allreduce_halving_doubling.hpp"
 #include "kolo/algorithm/allreduce_hierarchical.hpp"
-#include "kolo/algorithm/allreduce_recursive_doubling.hpp"
-#include "kolo/algorithm/alltoall_pairwise.hpp"
 #include "kolo/algorithm/barrier_dissemination.hpp"
-#include "kolo/algorithm/broadcast_binomial.hpp"
-#include "kolo/algorithm/broadcast_chain.hpp"
-#include "kolo/algorithm/group_view.hpp"
+#include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/options.hpp"
-#include "kolo/algorithm/ring_allgather.hpp"
-#include "kolo/algorithm/ring_allreduce.hpp"
-#include "kolo/algorithm/ring_reduce_scatter.hpp"
+#include "kolo/algorithm/registry.hpp"
 #include "kolo/algorithm/rooted.hpp"
 #include "kolo/algorithm/selector.hpp"
 #include "kolo/algorithm/tuning_probe.hpp"
@@ -54,45 +46,16 @@
 #include "kolo/core/signature.hpp"
 #include "kolo/core/tensor.hpp"
 #include "kolo/topology/bootstrap.hpp"
-#include "kolo/transport/mesh.hpp"
-#include "kolo/transport/routed.hpp"
+#include "kolo/transport/default.hpp"
+#include "kolo/transport/route.hpp"
 #include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
-// A transport that owns a native collective (MPI_Allreduce, ncclAllReduce) exposes it as
-// native_<collective>(...) returning true when it took the call (dtype and op supported), false
-// to fall back to kolo's own algorithms — NCCL's "native collective when available".
-template <class T>
-concept HasNativeAllreduce = requires(T& t, const void* in, void* out, std::size_t n, DataType d,
-                                      ReduceOp op, const AlgoOptions& o) {
-  { t.native_allreduce(in, out, n, d, op, o) } -> std::same_as<bool>;
-};
-template <class T>
-concept HasNativeAllgatherv = requires(T& t, const void* in, void* out,
-                                       std::span<const std::size_t> counts, DataType d,
-                                       const AlgoOptions& o) {
-  { t.native_allgatherv(in, out, counts, d, o) } -> std::same_as<bool>;
-};
-template <class T>
-concept HasNativeBroadcast = requires(T& t, void* data, std::size_t n, DataType d, int root,
-                                      const AlgoOptions& o) {
-  { t.native_broadcast(data, n, d, root, o) } -> std::same_as<bool>;
-};
-template <class T>
-concept HasNativeReduceScatter = requires(T& t, const void* in, void* out, std::size_t n,
-                                          DataType d, ReduceOp op, const AlgoOptions& o) {
-  { t.native_reduce_scatter(in, out, n, d, op, o) } -> std::same_as<bool>;
-};
-template <class T>
-concept HasNativeAlltoall = requires(T& t, const void* in, void* out, std::size_t n, DataType d,
-                                     const AlgoOptions& o) {
-  { t.native_alltoall(in, out, n, d, o) } -> std::same_as<bool>;
-};
-template <class T>
-concept HasNativeBarrier = requires(T& t, const AlgoOptions& o) {
-  { t.native_barrier(o) } -> std::same_as<bool>;
-};
+// The transport contract (what is called on T, in layers, with the native collectives and
+// device buffers as optional layers) is transport/transport.hpp; `check_transport<T>()` names
+// any member T lacks.
 
 // A buffer a collective accepts directly: any contiguous, sized range of a kolo element type
 // (std::vector<float>, std::array<int32_t, N>, std::span<bfloat16>, a user type modelling
@@ -117,12 +80,16 @@ struct CommunicatorOptions {
   // Deprecated (KOLO_SMALL_ALLREDUCE_BYTES): recursive doubling up to this many bytes, ring
   // above — the fixed rule the Selector replaced. Ignored when allreduce_rules are given.
   std::optional<std::size_t> small_allreduce_bytes;
-  // Per-size-range overrides of the Selector (KOLO_ALLREDUCE, KOLO_BROADCAST); empty: the cost
-  // model decides. Grammar and names: algorithm/selector.hpp.
+  // Per-size-range overrides of the Selector, one per collective (KOLO_ALLREDUCE,
+  // KOLO_BROADCAST, KOLO_ALLGATHER, KOLO_REDUCE_SCATTER, KOLO_ALLTOALL); empty: the cost model
+  // decides. Grammar and names: algorithm/selector.hpp.
   SizeRules<AllreduceAlgorithm> allreduce_rules;
   SizeRules<BroadcastAlgorithm> broadcast_rules;
+  SizeRules<AllgatherAlgorithm> allgather_rules;
+  SizeRules<ReduceScatterAlgorithm> reduce_scatter_rules;
+  SizeRules<AlltoallAlgorithm> alltoall_rules;
   // Where the Selector's constants come from (KOLO_TUNING=probe|default|file:PATH); unset: probe
-  // for the mesh transports (shm, tcp, routed), built-in defaults for adopted transports.
+  // for transports that report their routes (shm, tcp, routed), built-in defaults otherwise.
   std::optional<TuningSource> tuning;
 
   static CommunicatorOptions from_env(const EnvLookup& env = process_env()) {
@@ -133,14 +100,25 @@ struct CommunicatorOptions {
     if (auto v = config::get_int(env, config::vars::segment_bytes)) {
       o.segment_bytes = static_cast<std::size_t>(*v);
     }
-    if (auto v = config::get_text(env, config::vars::allreduce)) {
-      o.allreduce_rules = SizeRules<AllreduceAlgorithm>::parse("KOLO_ALLREDUCE", *v);
-    }
-    if (auto v = config::get_text(env, config::vars::broadcast)) {
-      o.broadcast_rules = SizeRules<BroadcastAlgorithm>::parse("KOLO_BROADCAST", *v);
-    }
+    read_algorithm_rules(env, o);
     o.tuning = TuningSource::from_env(env);
     return o;
+  }
+
+  // KOLO_<COLLECTIVE> for every collective with a registry, in one place. Set but empty means
+  // unset, as for KOLO_TRANSPORT.
+  static void read_algorithm_rules(const EnvLookup& env, CommunicatorOptions& o) {
+    auto read = [&](auto& rules) {
+      using Algo = typename std::remove_reference_t<decltype(rules)>::algorithm_type;
+      const char* var = AlgorithmTraits<Algo>::env;
+      const config::Var* decl = config::find_var(var);  // every one is in the table
+      if (auto v = config::get_text(env, *decl)) rules = SizeRules<Algo>::parse(var, *v);
+    };
+    read(o.allreduce_rules);
+    read(o.broadcast_rules);
+    read(o.allgather_rules);
+    read(o.reduce_scatter_rules);
+    read(o.alltoall_rules);
   }
 
   // The allreduce rules in effect: explicit rules, else the deprecated threshold, else none.
@@ -156,15 +134,21 @@ struct CommunicatorOptions {
   }
 };
 
-template <Transport T = MeshTransport>
+template <class T = DefaultTransport>
 class Communicator {
+  static_assert(check_transport<T>());  // names the member T lacks (transport/transport.hpp)
+
  public:
   using transport_type = T;
 
-  // Reads the environment contract, rendezvouses, and connects the transport.
-  static Communicator from_env() { return Communicator(Topology::from_env()); }
+  // Reads the environment contract, rendezvouses, and connects the transport through its
+  // factory (T::connect; transport.hpp, Connectable).
+  static Communicator from_env() requires Connectable<T> {
+    return Communicator(Topology::from_env());
+  }
 
-  explicit Communicator(Topology topo, CommunicatorOptions opts = CommunicatorOptions::from_env())
+  explicit Communicator(Topology topo, CommunicatorOptions opts =
+                                           CommunicatorOptions::from_env()) requires Connectable<T>
       : opts_(opts) {
     connect(std::move(topo), nullptr, {});
   }
@@ -174,7 +158,7 @@ class Communicator {
   // size (Topology::for_rank reads the optional KOLO_* knobs); `prefix` namespaces the keys:
   // the ranks of one communicator pass the same prefix, distinct communicators distinct ones.
   Communicator(Topology topo, std::shared_ptr<KvStore> store, std::string prefix,
-               CommunicatorOptions opts = CommunicatorOptions::from_env())
+               CommunicatorOptions opts = CommunicatorOptions::from_env()) requires Connectable<T>
       : opts_(opts) {
     connect(std::move(topo), std::move(store), std::move(prefix));
   }
@@ -184,9 +168,7 @@ class Communicator {
   explicit Communicator(std::unique_ptr<T> transport,
                         CommunicatorOptions opts = CommunicatorOptions::from_env())
       : transport_(std::move(transport)), opts_(opts) {
-    if constexpr (requires(const T& t) {
-                    { t.topology() } -> std::convertible_to<const Topology&>;
-                  }) {
+    if constexpr (HasTopology<T>) {
       topo_ = transport_->topology();
     } else {
       topo_.rank = transport_->rank();
@@ -210,16 +192,21 @@ class Communicator {
   Bootstrap* bootstrap() { return boot_.get(); }
 
   // ---- algorithm selection ----
-  // The Selector decides allreduce and broadcast algorithms per call. To force one (kolo-bench
-  // --algo), call the same on every rank before the collective:
+  // The Selector decides the algorithm of every allreduce, broadcast, allgather(v),
+  // reduce_scatter and alltoall per call, from each collective's registry. To force one
+  // (kolo-bench --algo), call the same on every rank before the collective:
   //   comm.selector().force_allreduce(AllreduceAlgorithm::tree);
   //   comm.selector().set_allreduce_rules("tree:0-64K;ring:64K-max");   // KOLO_ALLREDUCE grammar
+  //   comm.selector().force(AllgatherAlgorithm::ring);                  // any collective
   //   comm.selector().clear_overrides();                                // back to the model
   Selector& selector() { return selector_; }
   const Selector& selector() const { return selector_; }
-  // What the last allreduce / broadcast ran (after fallbacks; native calls are not recorded).
+  // What the last call of each collective ran (after fallbacks; native calls are not recorded).
   AllreduceAlgorithm last_allreduce_algorithm() const { return last_allreduce_; }
   BroadcastAlgorithm last_broadcast_algorithm() const { return last_broadcast_; }
+  AllgatherAlgorithm last_allgather_algorithm() const { return last_allgather_; }
+  ReduceScatterAlgorithm last_reduce_scatter_algorithm() const { return last_reduce_scatter_; }
+  AlltoallAlgorithm last_alltoall_algorithm() const { return last_alltoall_; }
   // This rank's host and cross-host groups (hierarchical allreduce).
   const HostGroups& host_groups() const { return groups_; }
 
@@ -261,11 +248,11 @@ class Communicator {
           }
           check_overlap("allgather", in, out,
                         out.byte_data() + static_cast<std::size_t>(rank()) * in.bytes());
+          const std::vector<std::size_t> counts(static_cast<std::size_t>(size()), in.count);
           if constexpr (HasNativeAllgatherv<T>) {
-            const std::vector<std::size_t> counts(static_cast<std::size_t>(size()), in.count);
             if (transport_->native_allgatherv(in.data, out.data, counts, in.dtype, opt)) return;
           }
-          allgather_ring(*transport_, in.data, out.data, in.count, dtype_size(in.dtype), opt);
+          run_allgather(in.data, out.data, counts, dtype_size(in.dtype), opt);
         });
   }
 
@@ -302,7 +289,7 @@ class Communicator {
       if constexpr (HasNativeAllgatherv<T>) {
         if (transport_->native_allgatherv(in.data, out.data, counts, in.dtype, opt)) return;
       }
-      allgatherv_ring(*transport_, in.data, out.data, counts, dtype_size(in.dtype), opt);
+      run_allgather(in.data, out.data, counts, dtype_size(in.dtype), opt);
     });
   }
 
@@ -315,12 +302,11 @@ class Communicator {
           if constexpr (HasNativeBroadcast<T>) {
             if (transport_->native_broadcast(data.data, data.count, data.dtype, root, opt)) return;
           }
-          last_broadcast_ = selector_.broadcast(data.bytes());
-          if (last_broadcast_ == BroadcastAlgorithm::binomial) {
-            broadcast_binomial(*transport_, data.data, data.bytes(), root, opt);
-          } else {
-            broadcast_chain(*transport_, data.data, data.bytes(), root, opt);
-          }
+          BroadcastArgs a;
+          a.data = data.data;
+          a.nbytes = data.bytes();
+          a.root = root;
+          last_broadcast_ = selector_.run<BroadcastAlgorithm>(*transport_, a, opt, context());
         });
   }
   template <ContiguousBuffer R>
@@ -346,7 +332,14 @@ class Communicator {
           return;
         }
       }
-      reduce_scatter_ring(*transport_, in.data, out.data, out.count, in.dtype, op, scratch_, opt);
+      ReduceScatterArgs a;
+      a.in = in.data;
+      a.out = out.data;
+      a.count = out.count;
+      a.dtype = in.dtype;
+      a.op = op;
+      a.size = size();
+      last_reduce_scatter_ = selector_.run<ReduceScatterAlgorithm>(*transport_, a, opt, context());
     });
   }
 
@@ -374,9 +367,12 @@ class Communicator {
               return;
             }
           }
-          alltoall_pairwise(*transport_, in.data, out.data,
-                            in.count / static_cast<std::size_t>(size()) * dtype_size(in.dtype),
-                            opt);
+          AlltoallArgs a;
+          a.in = in.data;
+          a.out = out.data;
+          a.block_bytes = in.count / static_cast<std::size_t>(size()) * dtype_size(in.dtype);
+          a.size = size();
+          last_alltoall_ = selector_.run<AlltoallAlgorithm>(*transport_, a, opt, context());
         });
   }
 
@@ -586,22 +582,28 @@ class Communicator {
       if (c == color) members.emplace_back(all[2 * static_cast<std::size_t>(q) + 1], q);
     }
     if (color == kUndefinedColor) return std::nullopt;
-    if (!boot_) {
+    if constexpr (!Connectable<T>) {
       throw ConfigError(
-          "split: this communicator adopted a transport without a rendezvous store (e.g. MPI); "
-          "split the MPI communicator (MPI_Comm_split) and adopt the result instead");
+          "split: this communicator adopted a transport that is not built through a rendezvous "
+          "store (e.g. MPI); split the MPI communicator (MPI_Comm_split) and adopt the result");
+    } else {
+      if (!boot_) {
+        throw ConfigError(
+            "split: this communicator adopted a transport without a rendezvous store (e.g. "
+            "MPI); split the MPI communicator (MPI_Comm_split) and adopt the result instead");
+      }
+      std::sort(members.begin(), members.end());
+      Topology t = topo_;
+      t.size = static_cast<int>(members.size());
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        if (members[i].second == rank()) t.rank = static_cast<int>(i);
+      }
+      t.local_rank = t.local_size = t.cross_rank = t.cross_size = -1;
+      t.listen_fd = -1;
+      const std::string prefix =
+          boot_->prefix() + "split/" + std::to_string(seq) + "/" + std::to_string(color) + "/";
+      return Communicator(std::move(t), boot_->shared_store(), prefix, opts_);
     }
-    std::sort(members.begin(), members.end());
-    Topology t = topo_;
-    t.size = static_cast<int>(members.size());
-    for (std::size_t i = 0; i < members.size(); ++i) {
-      if (members[i].second == rank()) t.rank = static_cast<int>(i);
-    }
-    t.local_rank = t.local_size = t.cross_rank = t.cross_size = -1;
-    t.listen_fd = -1;
-    const std::string prefix =
-        boot_->prefix() + "split/" + std::to_string(seq) + "/" + std::to_string(color) + "/";
-    return Communicator(std::move(t), boot_->shared_store(), prefix, opts_);
   }
 
  private:
@@ -680,25 +682,18 @@ class Communicator {
   static constexpr std::size_t kRootedTreeBytes = 64 * 1024;
 
   // Bootstrap (from the topology's store address, or from `store` when given) and connect.
-  void connect(Topology topo, std::shared_ptr<KvStore> store, std::string prefix) {
-    auto make_boot = [&] {
-      return store || !prefix.empty()
-                 ? std::make_unique<Bootstrap>(std::move(topo), std::move(store), std::move(prefix))
-                 : std::make_unique<Bootstrap>(std::move(topo));
-    };
-    if constexpr (std::is_base_of_v<MeshTransport, T>) {
-      // The transport's variables are read before the rendezvous, like the Topology's: a bad
-      // value then fails every rank alike. Read after it, rank 0 (which may host the store)
-      // would throw and take the store down while the others are still using it, and they
-      // would report "store lost" instead of the bad variable.
-      const RouteMode mode = route_mode_from_env();
-      const MeshOptions mesh = MeshOptions::from_env();
-      boot_ = make_boot();
-      transport_ = std::make_unique<T>(*boot_, mode, mesh);
-    } else {
-      boot_ = make_boot();
-      transport_ = std::make_unique<T>(*boot_);
-    }
+  void connect(Topology topo, std::shared_ptr<KvStore> store,
+               std::string prefix) requires Connectable<T> {
+    // The transport's variables are read before the rendezvous, like the Topology's: a bad
+    // value then fails every rank alike. Read after it, rank 0 (which may host the store)
+    // would throw and take the store down while the others are still using it, and they
+    // would report "store lost" instead of the bad variable.
+    const typename T::Options topts = T::Options::from_env(process_env());
+    boot_ = store || !prefix.empty()
+                ? std::make_unique<Bootstrap>(std::move(topo), std::move(store), std::move(prefix))
+                : std::make_unique<Bootstrap>(std::move(topo));
+    transport_ = T::connect(*boot_, topts);
+    if (!transport_) throw Error("Communicator: the transport's connect() returned nothing");
     topo_ = boot_->topology();
     setup_selector();
   }
@@ -712,23 +707,40 @@ class Communicator {
     shape.size = n;
     ProbePartners partners;
     std::optional<TuningSource> source = opts_.tuning;
-    bool mesh = false;
-    if constexpr (std::is_base_of_v<MeshTransport, T>) mesh = boot_ != nullptr;
-    if (mesh) {
-      const auto& keys = boot_->host_keys();
-      groups_ = HostGroups::from_host_keys(keys, r);
-      const RouteMode mode = mesh_mode();
-      // Routes as rank 0 sees them (the probe is rank 0's), derived the same way on every rank.
-      for (int q = 1; q < n; ++q) {
-        const bool shm =
-            mode != RouteMode::tcp_only && keys[static_cast<std::size_t>(q)] == keys[0];
-        int& partner = shm ? partners.shm : partners.tcp;
-        if (partner < 0) partner = q;
+    // Routes are known when the transport reports them and the host keys were gathered (a
+    // communicator built through its Bootstrap): ask "how does rank 0 reach q" for every q.
+    // Otherwise one generic route, kept in the tcp slot, and built-in constants by default.
+    bool routes = false;
+    Route intra = Route::shm, inter = Route::tcp;
+    if constexpr (HasPeerRoutes<T>) {
+      if (boot_ != nullptr) {
+        routes = true;
+        const auto& keys = boot_->host_keys();
+        groups_ = HostGroups::from_host_keys(keys, r);
+        bool seen_intra = false, seen_inter = false;
+        // Routes as rank 0 sees them (the probe is rank 0's), derived the same way on every rank.
+        for (int q = 1; q < n; ++q) {
+          const Route route = transport_->route_between(0, q);
+          const bool same_host = keys[static_cast<std::size_t>(q)] == keys[0];
+          if (same_host && !seen_intra) {
+            intra = route;
+            seen_intra = true;
+          }
+          if (!same_host && !seen_inter) {
+            inter = route;
+            seen_inter = true;
+          }
+          int& partner = route == Route::shm ? partners.shm : partners.tcp;
+          if (partner < 0) partner = q;
+        }
+        if (!seen_inter) inter = intra;        // one host: the flat link is the host's own
+        if (!source) source = TuningSource{};  // probe
       }
-      if (!source) source = TuningSource{};  // probe
-    } else {
+    }
+    if (!routes) {
       groups_ = HostGroups::single_host(n, r);
-      partners.tcp = n > 1 ? 1 : -1;  // one generic route, kept in the tcp slot
+      partners.tcp = n > 1 ? 1 : -1;
+      intra = inter = Route::tcp;
     }
     Tuning tuning;
     if (source) {
@@ -744,77 +756,48 @@ class Communicator {
     // Inputs of the model must be the same on every rank: with uneven hosts this rank's own
     // host size is not, the largest one is.
     shape.local_size = groups_.max_local_size;
+    shape.uniform = groups_.uniform;
     shape.hierarchical_ok =
         groups_.known && groups_.uniform && groups_.hosts > 1 && groups_.local_size() > 1;
-    if (mesh) {
-      const RouteMode mode = mesh_mode();
-      shape.intra = mode == RouteMode::tcp_only ? tuning.tcp : tuning.shm;
-      shape.inter = mode == RouteMode::shm_only ? tuning.shm : tuning.tcp;
-      shape.flat = groups_.hosts > 1 ? shape.inter : shape.intra;
-    } else {
-      shape.flat = shape.intra = shape.inter = tuning.tcp;
-    }
+    auto link = [&](Route route) { return route == Route::shm ? tuning.shm : tuning.tcp; };
+    shape.intra = link(intra);
+    shape.inter = link(inter);
+    shape.flat = groups_.hosts > 1 ? shape.inter : shape.intra;
     selector_ = Selector(tuning, shape, opts_.segment_bytes);
     selector_.set_allreduce_rules(opts_.effective_allreduce_rules());
-    selector_.set_broadcast_rules(opts_.broadcast_rules);
+    selector_.set_rules(opts_.broadcast_rules);
+    selector_.set_rules(opts_.allgather_rules);
+    selector_.set_rules(opts_.reduce_scatter_rules);
+    selector_.set_rules(opts_.alltoall_rules);
   }
 
-  RouteMode mesh_mode() const {
-    if constexpr (std::is_base_of_v<MeshTransport, T>) {
-      return transport_->mode();
-    } else {
-      return RouteMode::tcp_only;
-    }
+  // What every algorithm may use besides its arguments (AlgoContext; the Selector adds the link).
+  AlgoContext context() {
+    AlgoContext ctx;
+    ctx.scratch = &scratch_;
+    ctx.groups = &groups_;
+    return ctx;
   }
 
-  // One place that runs what the Selector chose.
+  // One place that runs what the Selector chose, per collective.
   void run_allreduce(const void* in, void* out, std::size_t count, DataType dtype, ReduceOp op,
                      const AlgoOptions& opt) {
-    const std::size_t bytes = count * dtype_size(dtype);
-    AllreduceAlgorithm a = selector_.allreduce(bytes);
-    if (a == AllreduceAlgorithm::hierarchical && !groups_.uniform) {
-      a = selector_.model_allreduce(bytes);  // uneven hosts: the best flat algorithm instead
-    }
-    last_allreduce_ = a;
-    const std::size_t es = dtype_size(dtype);
-    if (a != AllreduceAlgorithm::hierarchical) {
-      AlgoOptions o = opt;
-      if (a == AllreduceAlgorithm::tree)
-        o.tree_segment_bytes = selector_.tree_segment((count + 1) / 2 * es);
-      run_flat_allreduce(*transport_, a, in, out, count, dtype, op, o);
-      return;
-    }
-    const AllreduceAlgorithm cross = selector_.cross_allreduce(bytes);
-    allreduce_hierarchical(
-        *transport_, groups_, in, out, count, dtype, op,
-        [&](GroupView<T>& g, void* block, std::size_t n, ReduceOp inner) {
-          AlgoOptions o = opt;
-          if (cross == AllreduceAlgorithm::tree) {
-            o.tree_segment_bytes = selector_.tree_segment((n + 1) / 2 * es, true);
-          }
-          run_flat_allreduce(g, cross, block, block, n, dtype, inner, o);
-        },
-        opt);
+    AllreduceArgs a;
+    a.in = in;
+    a.out = out;
+    a.count = count;
+    a.dtype = dtype;
+    a.op = op;
+    last_allreduce_ = selector_.run<AllreduceAlgorithm>(*transport_, a, opt, context());
   }
-
-  template <Transport U>
-  void run_flat_allreduce(U& t, AllreduceAlgorithm a, const void* in, void* out, std::size_t count,
-                          DataType dtype, ReduceOp op, const AlgoOptions& opt) {
-    switch (a) {
-      case AllreduceAlgorithm::tree:
-        allreduce_double_tree(t, in, out, count, dtype, op, opt);
-        return;
-      case AllreduceAlgorithm::halving_doubling:
-        allreduce_halving_doubling(t, in, out, count, dtype, op, opt);
-        return;
-      case AllreduceAlgorithm::recursive_doubling:
-        allreduce_recursive_doubling(t, in, out, count, dtype, op, scratch_, opt);
-        return;
-      case AllreduceAlgorithm::ring:
-      case AllreduceAlgorithm::hierarchical:
-        break;
-    }
-    allreduce_ring(t, in, out, count, dtype, op, opt);
+  void run_allgather(const void* in, void* out, std::span<const std::size_t> counts,
+                     std::size_t elem_size, const AlgoOptions& opt) {
+    AllgatherArgs a;
+    a.in = in;
+    a.out = out;
+    a.counts = counts;
+    a.elem_size = elem_size;
+    last_allgather_ = selector_.run<AllgatherAlgorithm>(*transport_, a, opt, context());
   }
 
   template <class Body>
@@ -850,17 +833,8 @@ class Communicator {
     }
   }
 
-  // Device buffers reach only transports that take them (NcclTransport, CudaStagedTransport
-  // declare accepts_device_buffers); those decide by the pointer itself.
-  static constexpr bool accepts_device() {
-    if constexpr (requires { T::accepts_device_buffers; }) {
-      return T::accepts_device_buffers;
-    } else {
-      return false;
-    }
-  }
   static void check_cpu(const TensorView& v, const char* what) {
-    if (v.device != Device::cpu() && !accepts_device()) {
+    if (v.device != Device::cpu() && !AcceptsDeviceBuffers<T>) {
       throw ConfigError(std::string(what) +
                         " is on a CUDA device: host transports need host memory (use the NCCL "
                         "transport for device buffers)");
@@ -898,6 +872,9 @@ class Communicator {
   Selector selector_;
   AllreduceAlgorithm last_allreduce_ = AllreduceAlgorithm::ring;
   BroadcastAlgorithm last_broadcast_ = BroadcastAlgorithm::chain;
+  AllgatherAlgorithm last_allgather_ = AllgatherAlgorithm::ring;
+  ReduceScatterAlgorithm last_reduce_scatter_ = ReduceScatterAlgorithm::ring;
+  AlltoallAlgorithm last_alltoall_ = AlltoallAlgorithm::pairwise;
 };
 
 }  // namespace kolo

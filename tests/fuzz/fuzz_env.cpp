@@ -134,6 +134,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         KOLO_FUZZ_CHECK(o.segment_bytes >= 64, "segment bytes");
         check_rules(o.allreduce_rules);
         check_rules(o.broadcast_rules);
+        check_rules(o.allgather_rules);
+        check_rules(o.reduce_scatter_rules);
+        check_rules(o.alltoall_rules);
         check_rules(o.effective_allreduce_rules());
       });
       config_errors_only([&] {
@@ -180,6 +183,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         for (double x : {t.shm.alpha, t.shm.beta, t.tcp.alpha, t.tcp.beta, t.gamma}) {
           KOLO_FUZZ_CHECK(x >= 0 && std::isfinite(x), "tuning constant negative or not finite");
         }
+        KOLO_FUZZ_CHECK(t.cores >= 0, "negative core count");
         (void)kolo::Tuning::from_text(t.to_text(), "roundtrip");  // to_text() writes the format
       });
       break;

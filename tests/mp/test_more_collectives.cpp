@@ -383,3 +383,35 @@ TEST_CASE("collectives take any contiguous range of a kolo element type") {
   static_assert(!kolo::ContiguousBuffer<std::vector<std::string>&>);
   static_assert(!kolo::ContiguousBuffer<std::vector<bool>&>);
 }
+
+namespace {
+
+// A communicator over the named transport type, built through its factory (T::connect) from
+// the environment, as README's Communicator<ShmTransport> is: a collective, exact, and the
+// routes it reports.
+template <class T>
+void typed_transport(kolo::Route expect_route) {
+  kolo::Communicator<T> t(kolo::Topology::from_env());
+  const int n = t.size();
+  CHECK(n == comm().size());
+  std::vector<std::int64_t> v(1000);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = (t.rank() + 1) * static_cast<std::int64_t>(i);
+  t.allreduce(v);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (v[i] != static_cast<std::int64_t>(n * (n + 1) / 2) * static_cast<std::int64_t>(i)) {
+      FAIL_CHECK("element " << i << " is " << v[i]);
+      break;
+    }
+  }
+  if (n > 1) CHECK(t.transport().route_between(0, 1) == expect_route);
+  t.barrier();
+}
+
+}  // namespace
+
+TEST_CASE("typed transports: Communicator<ShmTransport>, <TcpTransport>, <RoutedTransport>") {
+  // Every rank is on this host: the routed transport takes shared memory too.
+  typed_transport<kolo::ShmTransport>(kolo::Route::shm);
+  typed_transport<kolo::TcpTransport>(kolo::Route::tcp);
+  typed_transport<kolo::RoutedTransport>(kolo::Route::shm);
+}

@@ -37,11 +37,14 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <utility>
 #include <vector>
 
+#include "kolo/algorithm/allreduce_prologue.hpp"
+#include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/options.hpp"
 #include "kolo/core/reduce.hpp"
-#include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
@@ -116,20 +119,16 @@ inline std::size_t double_tree_segment(std::size_t half_bytes, int n, double alp
 // α/β of the default constants (15 µs, 0.15 ns/B): used when nobody passes a segment.
 inline constexpr double kDefaultAlphaOverBeta = 100000.0;
 
-template <Transport T>
-void allreduce_double_tree(T& t, const void* in, void* out, std::size_t count, DataType dtype,
-                           ReduceOp op, const AlgoOptions& opt) {
-  const int n = t.size();
-  const int r = t.rank();
-  const std::size_t es = dtype_size(dtype);
-  const auto* src = static_cast<const std::byte*>(in);
-  auto* dst = static_cast<std::byte*>(out);
-  if (count == 0) return;
-  if (n == 1) {
-    if (src != dst) std::memcpy(dst, src, count * es);
-    return;
-  }
-  const ReduceSpec rs{reduce_function(dtype, op), es};
+inline void allreduce_double_tree(TransportRef t, const void* in, void* out, std::size_t count,
+                                  DataType dtype, ReduceOp op, const AlgoOptions& opt) {
+  const auto f = allreduce_prologue(t, in, out, count, dtype, op);
+  if (!f) return;
+  const int n = f->n;
+  const int r = f->r;
+  const std::size_t es = f->es;
+  const std::byte* src = f->src;
+  std::byte* dst = f->dst;
+  const ReduceSpec rs = f->rs;
 
   // Halves: tree 0 carries elements [0, c0), tree 1 [c0, count).
   const std::size_t c0 = (count + 1) / 2;
@@ -157,7 +156,7 @@ void allreduce_double_tree(T& t, const void* in, void* out, std::size_t count, D
     int peer = -1;
     std::vector<Msg> sends, recvs;  // in link order
     std::size_t send_next = 0, recv_next = 0;
-    std::deque<typename T::Request> send_q, recv_q;  // posted, not yet retired
+    std::deque<TransportRef::Request> send_q, recv_q;  // posted, not yet retired
     std::size_t recv_retired = 0, send_retired = 0;
   };
   std::vector<Link> links;
@@ -262,7 +261,7 @@ void allreduce_double_tree(T& t, const void* in, void* out, std::size_t count, D
              recv_ready(l.recvs[l.recv_next])) {
         const Msg& m = l.recvs[l.recv_next++];
         const auto [off, len] = range(m);
-        typename T::Request q;
+        TransportRef::Request q;
         if (m.kind == Kind::down_recv) {
           // Safe to post early: the parent sends the final value only after it has our partial
           // sum of this segment, so our send of it has left this buffer.
@@ -278,6 +277,94 @@ void allreduce_double_tree(T& t, const void* in, void* out, std::size_t count, D
     if (all_done) break;
     if (!changed) t.wait_any_progress(opt.deadline);
   }
+}
+
+namespace cost {
+
+// The double tree's shape, from the trees themselves: depth, and the most links any rank serves
+// in both trees together (each link carries S/2 up and S/2 down per tree).
+struct TreeShape {
+  int depth = 0;
+  int max_links = 0;
+  int max_children = 0;  // in one tree: how many segments one rank folds per segment
+};
+inline TreeShape double_tree_shape(int n) {
+  TreeShape s;
+  if (n <= 1) return s;
+  // Depth: follow parents from every rank (n is small: ranks of one job).
+  for (int which = 0; which < 2; ++which) {
+    for (int r = 0; r < n; ++r) {
+      int d = 0;
+      for (int x = r; double_tree_links(n, x, which).parent >= 0;
+           x = double_tree_links(n, x, which).parent)
+        ++d;
+      s.depth = std::max(s.depth, d);
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    int links = 0;
+    for (int which = 0; which < 2; ++which) {
+      const TreeLinks l = double_tree_links(n, r, which);
+      links += (l.parent >= 0) + l.children();
+      s.max_children = std::max(s.max_children, l.children());
+    }
+    s.max_links = std::max(s.max_links, links);
+  }
+  return s;
+}
+
+// Pipelined double binary tree, segments of s bytes, depth D, a rank serving at most E links:
+//   2·D·(α + c·s·β)  [filling and draining the pipeline, c children per segment]
+//   + E·(S/2)·β      [the busiest rank's traffic: S/2 per link and direction]
+//   + c/2·S·γ        [an inner node folds c segments of its tree per segment]
+inline double double_tree(const TreeShape& ts, int n, double S, LinkCost l, double gamma,
+                          std::size_t segment_cap) {
+  if (n <= 1) return 0;
+  const double half = std::ceil(S / 2);
+  const double s = std::min(half, static_cast<double>(double_tree_segment(
+                                      static_cast<std::size_t>(half), n,
+                                      l.alpha / std::max(l.beta, 1e-15), segment_cap)));
+  const double c = ts.max_children;
+  return 2.0 * ts.depth * (l.alpha + c * s * l.beta) + ts.max_links * (S / 2) * l.beta +
+         c / 2 * S * gamma;
+}
+
+}  // namespace cost
+
+namespace detail {
+
+// The tree's shape per rank count, computed once (the Selector asks per call).
+inline const cost::TreeShape& cached_tree_shape(int n) {
+  static thread_local std::vector<std::pair<int, cost::TreeShape>> memo;
+  for (const auto& [k, v] : memo) {
+    if (k == n) return v;
+  }
+  memo.emplace_back(n, cost::double_tree_shape(n));
+  return memo.back().second;
+}
+
+}  // namespace detail
+
+// The registry's entry. The segment comes from the constants of the link the call runs on
+// (AlgoContext::link: rank 0's measured ones, so every rank cuts the same segments).
+inline AlgorithmEntry<AllreduceAlgorithm> double_tree_allreduce_algorithm() {
+  AlgorithmEntry<AllreduceAlgorithm> e;
+  e.name = "tree";
+  e.aliases = {"double-tree", "double-binary-tree"};
+  e.cost = [](const CostQuery& q) {
+    return cost::double_tree(detail::cached_tree_shape(q.n), q.n, q.bytes, q.contended(), q.gamma,
+                             q.segment_bytes);
+  };
+  e.run = [](TransportRef t, const AllreduceArgs& a, const AlgoOptions& o, const AlgoContext& ctx) {
+    AlgoOptions opt = o;
+    if (opt.tree_segment_bytes == 0 && (ctx.link.alpha > 0 || ctx.link.beta > 0)) {
+      const std::size_t half = (a.count + 1) / 2 * dtype_size(a.dtype);
+      opt.tree_segment_bytes = double_tree_segment(
+          half, t.size(), ctx.link.alpha / std::max(ctx.link.beta, 1e-15), ctx.segment_cap);
+    }
+    allreduce_double_tree(t, a.in, a.out, a.count, a.dtype, a.op, opt);
+  };
+  return e;
 }
 
 }  // namespace kolo

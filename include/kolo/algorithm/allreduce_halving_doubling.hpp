@@ -24,27 +24,25 @@
 
 #include <cstring>
 
+#include "kolo/algorithm/allreduce_prologue.hpp"
+#include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/options.hpp"
 #include "kolo/core/reduce.hpp"
-#include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
-template <Transport T>
-void allreduce_halving_doubling(T& t, const void* in, void* out, std::size_t count, DataType dtype,
-                                ReduceOp op, const AlgoOptions& opt) {
-  const int n = t.size();
-  const int r = t.rank();
-  const std::size_t es = dtype_size(dtype);
-  const std::size_t bytes = count * es;
-  const auto* src = static_cast<const std::byte*>(in);
-  auto* dst = static_cast<std::byte*>(out);
-  if (count == 0) return;
-  if (n == 1) {
-    if (src != dst) std::memcpy(dst, src, bytes);
-    return;
-  }
-  const ReduceSpec rs{reduce_function(dtype, op), es};
+inline void allreduce_halving_doubling(TransportRef t, const void* in, void* out, std::size_t count,
+                                       DataType dtype, ReduceOp op, const AlgoOptions& opt) {
+  const auto f = allreduce_prologue(t, in, out, count, dtype, op);
+  if (!f) return;
+  const int n = f->n;
+  const int r = f->r;
+  const std::size_t es = f->es;
+  const std::size_t bytes = f->bytes;
+  const std::byte* src = f->src;
+  std::byte* dst = f->dst;
+  const ReduceSpec rs = f->rs;
   int p = 1;
   while (p * 2 <= n) p *= 2;
   const int rem = n - p;
@@ -80,7 +78,7 @@ void allreduce_halving_doubling(T& t, const void* in, void* out, std::size_t cou
     const int send_lo = keep_low ? lo + m : lo;
     const std::size_t kb = block_begin(keep_lo), ke = block_begin(keep_lo + m);
     const std::size_t sb = block_begin(send_lo), se = block_begin(send_lo + m);
-    typename T::Request sq{}, rq{};
+    TransportRef::Request sq{}, rq{};
     // Sizes agree on both ends: our send window is the partner's keep window and vice versa.
     if (se > sb) sq = t.isend(partner, cur + sb, se - sb, opt.sig);
     if (ke > kb) rq = t.irecv_reduce(partner, dst + kb, cur + kb, ke - kb, rs, opt.sig);
@@ -104,7 +102,7 @@ void allreduce_halving_doubling(T& t, const void* in, void* out, std::size_t cou
     const int theirs_lo = (vrank ^ m) / m * m;
     const std::size_t mb = block_begin(mine_lo), me = block_begin(mine_lo + m);
     const std::size_t tb = block_begin(theirs_lo), te = block_begin(theirs_lo + m);
-    typename T::Request sq{}, rq{};
+    TransportRef::Request sq{}, rq{};
     if (me > mb) sq = t.isend(partner, dst + mb, me - mb, opt.sig);
     if (te > tb) rq = t.irecv(partner, dst + tb, te - tb, opt.sig);
     if (te > tb) t.wait(rq, opt.deadline);
@@ -114,6 +112,37 @@ void allreduce_halving_doubling(T& t, const void* in, void* out, std::size_t cou
     auto sq = t.isend(r - 1, dst, bytes, opt.sig);
     t.wait(sq, opt.deadline);
   }
+}
+
+namespace cost {
+
+// Rabenseifner: recursive halving reduce-scatter + recursive doubling allgather.
+//   2·log2(p)·α + 2(p-1)/p·S·β + (p-1)/p·S·γ [+ fold]
+inline double halving_doubling(int n, double S, LinkCost l, double gamma) {
+  if (n <= 1) return 0;
+  const int p = floor_pow2(n);
+  const double f = static_cast<double>(p - 1) / p;
+  return 2.0 * log2_floor(n) * l.alpha + 2.0 * f * S * l.beta + f * S * gamma +
+         non_pow2_fold(n, S, l, gamma);
+}
+
+}  // namespace cost
+
+// The registry's entry. A pairwise exchange: its byte terms take the oversubscription factor.
+inline AlgorithmEntry<AllreduceAlgorithm> halving_doubling_allreduce_algorithm() {
+  AlgorithmEntry<AllreduceAlgorithm> e;
+  e.name = "halving-doubling";
+  e.aliases = {"rabenseifner"};
+  e.cost = [](const CostQuery& q) {
+    const double x = q.exchange_factor();
+    LinkCost l = q.contended();
+    l.beta *= x;
+    return cost::halving_doubling(q.n, q.bytes, l, q.gamma * x);
+  };
+  e.run = [](TransportRef t, const AllreduceArgs& a, const AlgoOptions& o, const AlgoContext&) {
+    allreduce_halving_doubling(t, a.in, a.out, a.count, a.dtype, a.op, o);
+  };
+  return e;
 }
 
 }  // namespace kolo

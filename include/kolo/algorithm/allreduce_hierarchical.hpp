@@ -21,17 +21,22 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/group_view.hpp"
 #include "kolo/algorithm/options.hpp"
 #include "kolo/algorithm/ring_allgather.hpp"
+#include "kolo/algorithm/ring_allreduce.hpp"
 #include "kolo/algorithm/ring_pipeline.hpp"
 #include "kolo/core/reduce.hpp"
-#include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
@@ -83,12 +88,14 @@ struct HostGroups {
   int local_size() const { return static_cast<int>(local.size()); }
 };
 
-// cross(GroupView<T>& group, void* block, std::size_t count, ReduceOp op): an in-place allreduce
-// of `block` over `group` (op is never average: the division is done here, once).
-template <Transport T, class CrossAllreduce>
-void allreduce_hierarchical(T& t, const HostGroups& g, const void* in, void* out, std::size_t count,
-                            DataType dtype, ReduceOp op, CrossAllreduce&& cross,
-                            const AlgoOptions& opt) {
+// The cross-host step: an in-place allreduce of `block` (count elements) over `group` (op is
+// never average: the division is done here, once).
+using CrossAllreduce = void (*)(void* ctx, TransportRef group, void* block, std::size_t count,
+                                DataType dtype, ReduceOp op, const AlgoOptions& opt);
+
+inline void allreduce_hierarchical(TransportRef t, const HostGroups& g, const void* in, void* out,
+                                   std::size_t count, DataType dtype, ReduceOp op,
+                                   CrossAllreduce cross, void* cross_ctx, const AlgoOptions& opt) {
   const std::size_t es = dtype_size(dtype);
   const auto* src = static_cast<const std::byte*>(in);
   auto* dst = static_cast<std::byte*>(out);
@@ -100,7 +107,7 @@ void allreduce_hierarchical(T& t, const HostGroups& g, const void* in, void* out
   const ReduceOp inner_op = op == ReduceOp::average ? ReduceOp::sum : op;
   const ReduceSpec rs{reduce_function(dtype, inner_op), es};
 
-  GroupView<T> host(t, g.local);
+  GroupView host(t, g.local);
   const int lr = host.rank();
   auto block = [&](int b) { return even_block(count, L, mod(b, L)); };
 
@@ -115,14 +122,15 @@ void allreduce_hierarchical(T& t, const HostGroups& g, const void* in, void* out
       stages.push_back({(s == 0 ? src : dst) + sb.begin * es, sb.count * es, dst + rb.begin * es,
                         src + rb.begin * es, rb.count * es});
     }
-    run_ring(host, stages, rs, opt, [](std::size_t, std::size_t, std::size_t) {});
+    run_ring(host, stages, rs, opt);
   }
 
   // 2. Across hosts: shard lr, on the ranks holding the same block everywhere.
   const BlockRange own = block(lr);
   if (g.cross.size() > 1 && own.count > 0) {
-    GroupView<T> peers(t, g.cross);
-    cross(peers, static_cast<void*>(dst + own.begin * es), own.count, inner_op);
+    GroupView peers(t, g.cross);
+    cross(cross_ctx, peers, static_cast<void*>(dst + own.begin * es), own.count, dtype, inner_op,
+          opt);
   }
   if (op == ReduceOp::average) finish_average(dst + own.begin * es, own.count, dtype, t.size());
 
@@ -132,6 +140,74 @@ void allreduce_hierarchical(T& t, const HostGroups& g, const void* in, void* out
     for (int b = 0; b < L; ++b) counts[static_cast<std::size_t>(b)] = block(b).count;
     allgatherv_ring(host, dst + own.begin * es, dst, counts, es, opt);
   }
+}
+
+// The same with any callable `cross(TransportRef group, void* block, size_t count, ReduceOp op)`.
+template <class Cross>
+requires std::invocable<Cross&, TransportRef, void*, std::size_t, ReduceOp>
+void allreduce_hierarchical(TransportRef t, const HostGroups& g, const void* in, void* out,
+                            std::size_t count, DataType dtype, ReduceOp op, Cross&& cross,
+                            const AlgoOptions& opt) {
+  allreduce_hierarchical(
+      t, g, in, out, count, dtype, op,
+      [](void* c, TransportRef group, void* block, std::size_t n, DataType, ReduceOp inner,
+         const AlgoOptions&) {
+        (*static_cast<std::remove_reference_t<Cross>*>(c))(group, block, n, inner);
+      },
+      const_cast<void*>(static_cast<const void*>(&cross)), opt);
+}
+
+namespace cost {
+
+// Hierarchical: ring reduce-scatter and allgather inside the host over the intra link, and the
+// best flat allreduce of S/L bytes across the H hosts, whose L shards share the inter link.
+//   2(L-1)·αi + 2(L-1)/L·S·βi + (L-1)/L·S·γ + T_cross(S/L, H, αx, βx·L)
+template <class Cross>
+double hierarchical(int L, int H, double S, LinkCost intra, LinkCost inter, double gamma,
+                    Cross&& best_cross) {
+  LinkCost shared = inter;
+  shared.beta *= L;
+  return ring(L, S, intra, gamma) + best_cross(H, S / L, shared);
+}
+
+}  // namespace cost
+
+// The registry's entry: runs where hosts are equal (one host included: then it is a ring
+// reduce-scatter + allgather); the model picks it only for several hosts of several ranks.
+inline AlgorithmEntry<AllreduceAlgorithm> hierarchical_allreduce_algorithm() {
+  AlgorithmEntry<AllreduceAlgorithm> e;
+  e.name = "hierarchical";
+  e.flat = false;
+  e.applies = [](const SelectionShape& s) { return s.uniform; };
+  e.cost = [](const CostQuery& q) {
+    const SelectionShape* s = q.shape;
+    if (s == nullptr || !s->hierarchical_ok || q.best_flat_allreduce == nullptr) {
+      return std::numeric_limits<double>::infinity();
+    }
+    LinkCost intra = s->intra;
+    intra.beta *= q.oversubscription;  // host-local copies share the host's cores
+    return cost::hierarchical(
+        s->local_size, s->hosts, q.bytes, intra, s->inter, q.gamma,
+        [&](int H, double S, LinkCost l) { return q.best_flat_allreduce(q.self, H, S, l); });
+  };
+  e.run = [](TransportRef t, const AllreduceArgs& a, const AlgoOptions& o, const AlgoContext& ctx) {
+    const HostGroups g =
+        ctx.groups != nullptr ? *ctx.groups : HostGroups::single_host(t.size(), t.rank());
+    allreduce_hierarchical(
+        t, g, a.in, a.out, a.count, a.dtype, a.op,
+        [](void* c, TransportRef group, void* block, std::size_t n, DataType d, ReduceOp op,
+           const AlgoOptions& opt) {
+          const auto& cx = *static_cast<const AlgoContext*>(c);
+          const AllreduceArgs sub{block, block, n, d, op};
+          if (cx.sub_allreduce != nullptr) {
+            cx.sub_allreduce(cx.self, group, sub, opt);
+          } else {
+            allreduce_ring(group, block, block, n, d, op, opt);
+          }
+        },
+        const_cast<void*>(static_cast<const void*>(&ctx)), o);
+  };
+  return e;
 }
 
 }  // namespace kolo

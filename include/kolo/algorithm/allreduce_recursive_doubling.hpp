@@ -15,29 +15,26 @@
 #include <cstring>
 #include <vector>
 
+#include "kolo/algorithm/allreduce_prologue.hpp"
+#include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/options.hpp"
 #include "kolo/core/reduce.hpp"
-#include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
-template <Transport T>
-void allreduce_recursive_doubling(T& t, const void* in, void* out, std::size_t count,
-                                  DataType dtype, ReduceOp op, std::vector<std::byte>& scratch,
-                                  const AlgoOptions& opt) {
-  const int n = t.size();
-  const int r = t.rank();
-  const std::size_t es = dtype_size(dtype);
-  const std::size_t bytes = count * es;
-  const auto* src = static_cast<const std::byte*>(in);
-  auto* dst = static_cast<std::byte*>(out);
-  if (count == 0) return;
-  if (n == 1) {
-    if (src != dst) std::memcpy(dst, src, bytes);
-    return;
-  }
+inline void allreduce_recursive_doubling(TransportRef t, const void* in, void* out,
+                                         std::size_t count, DataType dtype, ReduceOp op,
+                                         std::vector<std::byte>& scratch, const AlgoOptions& opt) {
+  const auto f = allreduce_prologue(t, in, out, count, dtype, op);
+  if (!f) return;
+  const int n = f->n;
+  const int r = f->r;
+  const std::size_t bytes = f->bytes;
+  const std::byte* src = f->src;
+  std::byte* dst = f->dst;
+  const ReduceSpec rs = f->rs;
   if (scratch.size() < bytes) scratch.resize(bytes);
-  const ReduceSpec rs{reduce_function(dtype, op), es};
   // Two buffers alternate: a round sends `cur` and folds the partner's data into `next`, so a
   // send still reading `cur` never races the reduction writing `next`. In place (src == dst)
   // the first round must fold into the spare buffer: a send larger than the transport's
@@ -84,6 +81,35 @@ void allreduce_recursive_doubling(T& t, const void* in, void* out, std::size_t c
     auto sq = t.isend(r - 1, dst, bytes, opt.sig);
     t.wait(sq, opt.deadline);
   }
+}
+
+namespace cost {
+
+// Recursive doubling: log2(p) rounds exchanging everything.
+//   log2(p)·(α + S·β + S·γ) [+ fold]
+inline double recursive_doubling(int n, double S, LinkCost l, double gamma) {
+  if (n <= 1) return 0;
+  return log2_floor(n) * (l.alpha + S * l.beta + S * gamma) + non_pow2_fold(n, S, l, gamma);
+}
+
+}  // namespace cost
+
+// The registry's entry. A pairwise exchange: its byte terms take the oversubscription factor.
+inline AlgorithmEntry<AllreduceAlgorithm> recursive_doubling_allreduce_algorithm() {
+  AlgorithmEntry<AllreduceAlgorithm> e;
+  e.name = "recursive-doubling";
+  e.cost = [](const CostQuery& q) {
+    const double x = q.exchange_factor();
+    LinkCost l = q.contended();
+    l.beta *= x;
+    return cost::recursive_doubling(q.n, q.bytes, l, q.gamma * x);
+  };
+  e.run = [](TransportRef t, const AllreduceArgs& a, const AlgoOptions& o, const AlgoContext& ctx) {
+    std::vector<std::byte> local;
+    allreduce_recursive_doubling(t, a.in, a.out, a.count, a.dtype, a.op,
+                                 ctx.scratch != nullptr ? *ctx.scratch : local, o);
+  };
+  return e;
 }
 
 }  // namespace kolo

@@ -4,12 +4,11 @@
 #pragma once
 
 #include "kolo/algorithm/options.hpp"
-#include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
-template <Transport T>
-void barrier_dissemination(T& t, const AlgoOptions& opt) {
+inline void barrier_dissemination(TransportRef t, const AlgoOptions& opt) {
   const int n = t.size();
   const int r = t.rank();
   for (int k = 1; k < n; k <<= 1) {

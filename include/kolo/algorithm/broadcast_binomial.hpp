@@ -10,16 +10,19 @@
 // the levels of the tree instead of paying log2(n)·S·β in full.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <deque>
 #include <vector>
 
+#include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/options.hpp"
-#include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
-template <Transport T>
-void broadcast_binomial(T& t, void* data, std::size_t bytes, int root, const AlgoOptions& opt) {
+inline void broadcast_binomial(TransportRef t, void* data, std::size_t bytes, int root,
+                               const AlgoOptions& opt) {
   const int n = t.size();
   if (n == 1) return;
   const int v = mod(t.rank() - root, n);
@@ -37,7 +40,7 @@ void broadcast_binomial(T& t, void* data, std::size_t bytes, int root, const Alg
   const std::size_t seg = std::max<std::size_t>(1, opt.segment_bytes);
   const std::size_t nseg = bytes == 0 ? 1 : (bytes + seg - 1) / seg;
   auto len_of = [&](std::size_t j) { return std::min(seg, bytes - std::min(bytes, j * seg)); };
-  std::deque<typename T::Request> recvs, sends;
+  std::deque<TransportRef::Request> recvs, sends;
   std::size_t posted = 0, received = parent < 0 ? nseg : 0, forwarded = 0;
   for (;;) {
     while (parent >= 0 && posted < nseg && posted - received < opt.recv_window) {
@@ -57,6 +60,36 @@ void broadcast_binomial(T& t, void* data, std::size_t bytes, int root, const Alg
     if (received == nseg && sends.empty()) return;
     t.wait_any_progress(opt.deadline);
   }
+}
+
+namespace cost {
+
+// Binomial broadcast, pipelined: the root sends each of the S/s segments to ceil(log2 n)
+// children in turn, the largest subtree first, so the last segment is everywhere after
+//   (S/s)·ceil(log2 n)·(α + s·β)
+// — log2(n) latency steps for one segment, but log2(n) times the chain's bandwidth term.
+inline double binomial_broadcast(int n, double S, LinkCost l, std::size_t segment_bytes) {
+  if (n <= 1) return 0;
+  const int levels = log2_ceil(n);
+  const double s = std::max(1.0, std::min(S, static_cast<double>(segment_bytes)));
+  const double k = std::max(1.0, std::ceil(S / s));
+  return k * levels * (l.alpha + s * l.beta);
+}
+
+}  // namespace cost
+
+// The registry's entry.
+inline AlgorithmEntry<BroadcastAlgorithm> binomial_broadcast_algorithm() {
+  AlgorithmEntry<BroadcastAlgorithm> e;
+  e.name = "binomial";
+  e.aliases = {"tree"};
+  e.cost = [](const CostQuery& q) {
+    return cost::binomial_broadcast(q.n, q.bytes, q.link, q.segment_bytes);
+  };
+  e.run = [](TransportRef t, const BroadcastArgs& a, const AlgoOptions& o, const AlgoContext&) {
+    broadcast_binomial(t, a.data, a.nbytes, a.root, o);
+  };
+  return e;
 }
 
 }  // namespace kolo

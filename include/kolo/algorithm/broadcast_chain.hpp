@@ -5,15 +5,18 @@
 // tree (log n latency) is the small-message choice (algorithm selection work).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <deque>
 
+#include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/options.hpp"
-#include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
-template <Transport T>
-void broadcast_chain(T& t, void* data, std::size_t bytes, int root, const AlgoOptions& opt) {
+inline void broadcast_chain(TransportRef t, void* data, std::size_t bytes, int root,
+                            const AlgoOptions& opt) {
   const int n = t.size();
   if (n == 1) return;
   const int pos = mod(t.rank() - root, n);
@@ -25,7 +28,7 @@ void broadcast_chain(T& t, void* data, std::size_t bytes, int root, const AlgoOp
   auto len_of = [&](std::size_t j) { return std::min(seg, bytes - std::min(bytes, j * seg)); };
   const bool receives = pos > 0;
   const bool sends = pos < n - 1;
-  std::deque<typename T::Request> recvs, sendq;
+  std::deque<TransportRef::Request> recvs, sendq;
   std::size_t posted = 0, received = receives ? 0 : nseg, sent = 0;
   for (;;) {
     while (receives && posted < nseg && posted - received < opt.recv_window) {
@@ -44,6 +47,32 @@ void broadcast_chain(T& t, void* data, std::size_t bytes, int root, const AlgoOp
     if (received == nseg && (!sends || sent == nseg) && sendq.empty()) return;
     t.wait_any_progress(opt.deadline);
   }
+}
+
+namespace cost {
+
+// Chain broadcast, pipelined in segments of s: the last segment leaves the root after S/s
+// steps and needs n-2 more hops: (n-2 + S/s)·(α + s·β).
+inline double chain_broadcast(int n, double S, LinkCost l, std::size_t segment_bytes) {
+  if (n <= 1) return 0;
+  const double s = std::max(1.0, std::min(S, static_cast<double>(segment_bytes)));
+  const double k = std::max(1.0, std::ceil(S / s));
+  return (n - 2 + k) * (l.alpha + s * l.beta);
+}
+
+}  // namespace cost
+
+// The registry's entry.
+inline AlgorithmEntry<BroadcastAlgorithm> chain_broadcast_algorithm() {
+  AlgorithmEntry<BroadcastAlgorithm> e;
+  e.name = "chain";
+  e.cost = [](const CostQuery& q) {
+    return cost::chain_broadcast(q.n, q.bytes, q.link, q.segment_bytes);
+  };
+  e.run = [](TransportRef t, const BroadcastArgs& a, const AlgoOptions& o, const AlgoContext&) {
+    broadcast_chain(t, a.data, a.nbytes, a.root, o);
+  };
+  return e;
 }
 
 }  // namespace kolo

@@ -2,6 +2,7 @@
 // stamped on its messages, its deadline, and its pipelining unit.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 
 #include "kolo/core/deadline.hpp"

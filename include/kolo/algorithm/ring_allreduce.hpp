@@ -15,28 +15,25 @@
 #include <cstring>
 #include <vector>
 
+#include "kolo/algorithm/allreduce_prologue.hpp"
+#include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/options.hpp"
 #include "kolo/algorithm/ring_pipeline.hpp"
 #include "kolo/core/reduce.hpp"
 #include "kolo/core/tensor.hpp"
-#include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
-template <Transport T>
-void allreduce_ring(T& t, const void* in, void* out, std::size_t count, DataType dtype, ReduceOp op,
-                    const AlgoOptions& opt) {
-  const int n = t.size();
-  const int r = t.rank();
-  const std::size_t es = dtype_size(dtype);
-  const auto* src = static_cast<const std::byte*>(in);
-  auto* dst = static_cast<std::byte*>(out);
-  if (count == 0) return;
-  if (n == 1) {
-    if (src != dst) std::memcpy(dst, src, count * es);
-    return;
-  }
-  const ReduceSpec rs{reduce_function(dtype, op), es};
+inline void allreduce_ring(TransportRef t, const void* in, void* out, std::size_t count,
+                           DataType dtype, ReduceOp op, const AlgoOptions& opt) {
+  const auto f = allreduce_prologue(t, in, out, count, dtype, op);
+  if (!f) return;
+  const int n = f->n;
+  const int r = f->r;
+  const std::size_t es = f->es;
+  const std::byte* src = f->src;
+  std::byte* dst = f->dst;
   std::vector<RingStage> stages;
   stages.reserve(static_cast<std::size_t>(2 * (n - 1)));
   auto block = [&](int b) { return even_block(count, n, mod(b, n)); };
@@ -54,11 +51,39 @@ void allreduce_ring(T& t, const void* in, void* out, std::size_t count, DataType
   }
   const std::size_t last_rs = static_cast<std::size_t>(n - 2);
   const BlockRange owned = block(r + 1);
-  run_ring(t, stages, rs, opt, [&](std::size_t stage, std::size_t off, std::size_t len) {
-    if (op == ReduceOp::average && stage == last_rs && len > 0) {
+  if (op != ReduceOp::average) {
+    run_ring(t, stages, f->rs, opt);
+    return;
+  }
+  run_ring(t, stages, f->rs, opt, [&](std::size_t stage, std::size_t off, std::size_t len) {
+    if (stage == last_rs && len > 0) {
       finish_average(dst + owned.begin * es + off, len / es, dtype, n);
     }
   });
+}
+
+namespace cost {
+
+// Ring: reduce-scatter + allgather, each n-1 steps of S/n bytes.
+//   2(n-1)·α + 2(n-1)/n·S·β + (n-1)/n·S·γ
+inline double ring(int n, double S, LinkCost l, double gamma) {
+  if (n <= 1) return 0;
+  const double f = static_cast<double>(n - 1) / n;
+  return 2.0 * (n - 1) * l.alpha + 2.0 * f * S * l.beta + f * S * gamma;
+}
+
+}  // namespace cost
+
+// The registry's entry (algorithm/registry.hpp). Its hops cross a host boundary one at a time,
+// so it is costed without the inter-host sharing the other algorithms pay.
+inline AlgorithmEntry<AllreduceAlgorithm> ring_allreduce_algorithm() {
+  AlgorithmEntry<AllreduceAlgorithm> e;
+  e.name = "ring";
+  e.cost = [](const CostQuery& q) { return cost::ring(q.n, q.bytes, q.link, q.gamma); };
+  e.run = [](TransportRef t, const AllreduceArgs& a, const AlgoOptions& o, const AlgoContext&) {
+    allreduce_ring(t, a.in, a.out, a.count, a.dtype, a.op, o);
+  };
+  return e;
 }
 
 }  // namespace kolo

@@ -9,12 +9,16 @@
 // flight at once and the ring behaves like a pipeline (Patarasuk & Yuan 2009; NCCL's "slices").
 #pragma once
 
+#include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <deque>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kolo/algorithm/options.hpp"
-#include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
@@ -37,11 +41,14 @@ inline std::size_t segment_count(std::size_t bytes, std::size_t seg) {
 
 }  // namespace detail
 
-// Runs the stages; `on_received(t, offset, bytes)` runs after each received segment lands
-// (used to fold ReduceOp::average's division into the last reduce step).
-template <Transport T, class OnReceived>
-void run_ring(T& t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
-              const AlgoOptions& opt, OnReceived&& on_received) {
+// Called after each received segment lands: (context, stage, byte offset in the block, bytes).
+using RingReceived = void (*)(void* ctx, std::size_t stage, std::size_t offset, std::size_t bytes);
+
+// Runs the stages; `on_received(ctx, t, offset, bytes)` runs after each received segment lands
+// (used to fold ReduceOp::average's division into the last reduce step; nullptr: nothing).
+inline void run_ring(TransportRef t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
+                     const AlgoOptions& opt, RingReceived on_received = nullptr,
+                     void* ctx = nullptr) {
   const int n = t.size();
   const int right = mod(t.rank() + 1, n);
   const int left = mod(t.rank() - 1, n);
@@ -60,7 +67,7 @@ void run_ring(T& t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
 
   struct Pending {
     std::size_t stage, seg;
-    typename T::Request req;
+    TransportRef::Request req;
   };
   std::deque<Pending> recvs, sends;
   std::size_t recv_posted = 0, recv_done = 0;
@@ -74,7 +81,7 @@ void run_ring(T& t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
     const RingStage& st = stages[s];
     const std::size_t off = j * seg;
     const std::size_t len = std::min(seg, st.recv_bytes - std::min(off, st.recv_bytes));
-    typename T::Request r =
+    const TransportRef::Request r =
         st.local ? t.irecv_reduce(left, st.recv + off, st.local + off, len, rs, opt.sig)
                  : t.irecv(left, st.recv + off, len, opt.sig);
     recvs.push_back({s, j, r});
@@ -87,7 +94,7 @@ void run_ring(T& t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
       const std::size_t off = p.seg * seg;
       const std::size_t len =
           std::min(seg, stages[p.stage].recv_bytes - std::min(off, stages[p.stage].recv_bytes));
-      on_received(p.stage, off, len);
+      if (on_received != nullptr) on_received(ctx, p.stage, off, len);
       recvs.pop_front();
       ++recv_done;
     }
@@ -112,6 +119,19 @@ void run_ring(T& t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
     if (recv_done == recv_total && send_stage == nst && sends.empty()) return;
     t.wait_any_progress(opt.deadline);
   }
+}
+
+// The same with any callable `on_received(stage, offset, bytes)`.
+template <class OnReceived>
+requires std::invocable<OnReceived&, std::size_t, std::size_t, std::size_t>
+void run_ring(TransportRef t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
+              const AlgoOptions& opt, OnReceived&& on_received) {
+  run_ring(
+      t, stages, rs, opt,
+      [](void* c, std::size_t stage, std::size_t off, std::size_t len) {
+        (*static_cast<std::remove_reference_t<OnReceived>*>(c))(stage, off, len);
+      },
+      const_cast<void*>(static_cast<const void*>(&on_received)));
 }
 
 }  // namespace kolo

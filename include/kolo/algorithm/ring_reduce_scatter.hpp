@@ -10,16 +10,17 @@
 #include <cstring>
 #include <vector>
 
+#include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/options.hpp"
 #include "kolo/algorithm/ring_pipeline.hpp"
 #include "kolo/core/reduce.hpp"
-#include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
-template <Transport T>
-void reduce_scatter_ring(T& t, const void* in, void* out, std::size_t count, DataType dtype,
-                         ReduceOp op, std::vector<std::byte>& scratch, const AlgoOptions& opt) {
+inline void reduce_scatter_ring(TransportRef t, const void* in, void* out, std::size_t count,
+                                DataType dtype, ReduceOp op, std::vector<std::byte>& scratch,
+                                const AlgoOptions& opt) {
   const int n = t.size();
   const int r = t.rank();
   const std::size_t es = dtype_size(dtype);
@@ -44,8 +45,36 @@ void reduce_scatter_ring(T& t, const void* in, void* out, std::size_t count, Dat
     stages.push_back({(s == 0 ? src : tmp) + sb * block_bytes, block_bytes,
                       last ? dst : tmp + rb * block_bytes, src + rb * block_bytes, block_bytes});
   }
-  run_ring(t, stages, rs, opt, [](std::size_t, std::size_t, std::size_t) {});
+  run_ring(t, stages, rs, opt);
   if (op == ReduceOp::average) finish_average(dst, count, dtype, n);
+}
+
+namespace cost {
+
+// Ring reduce-scatter: n-1 steps of S/n bytes (S: the whole input), each folded in.
+//   (n-1)·α + (n-1)/n·S·β + (n-1)/n·S·γ
+inline double ring_reduce_scatter(int n, double S, LinkCost l, double gamma) {
+  if (n <= 1) return 0;
+  const double f = static_cast<double>(n - 1) / n;
+  return (n - 1) * l.alpha + f * S * l.beta + f * S * gamma;
+}
+
+}  // namespace cost
+
+// The registry's entry.
+inline AlgorithmEntry<ReduceScatterAlgorithm> ring_reduce_scatter_algorithm() {
+  AlgorithmEntry<ReduceScatterAlgorithm> e;
+  e.name = "ring";
+  e.cost = [](const CostQuery& q) {
+    return cost::ring_reduce_scatter(q.n, q.bytes, q.link, q.gamma);
+  };
+  e.run = [](TransportRef t, const ReduceScatterArgs& a, const AlgoOptions& o,
+             const AlgoContext& ctx) {
+    std::vector<std::byte> local;
+    reduce_scatter_ring(t, a.in, a.out, a.count, a.dtype, a.op,
+                        ctx.scratch != nullptr ? *ctx.scratch : local, o);
+  };
+  return e;
 }
 
 }  // namespace kolo

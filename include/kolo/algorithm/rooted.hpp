@@ -22,16 +22,15 @@
 #include "kolo/algorithm/options.hpp"
 #include "kolo/core/reduce.hpp"
 #include "kolo/core/tensor.hpp"
-#include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
 // out (significant on the root only) = the reduction of every rank's `in`. `scratch` holds a
 // non-root rank's partial result; the root accumulates in `out` (in may equal out).
-template <Transport T>
-void reduce_binomial(T& t, const void* in, void* out, std::size_t count, DataType dtype,
-                     ReduceOp op, int root, std::vector<std::byte>& scratch,
-                     const AlgoOptions& opt) {
+inline void reduce_binomial(TransportRef t, const void* in, void* out, std::size_t count,
+                            DataType dtype, ReduceOp op, int root, std::vector<std::byte>& scratch,
+                            const AlgoOptions& opt) {
   const int n = t.size();
   const int r = t.rank();
   const std::size_t es = dtype_size(dtype);
@@ -63,9 +62,8 @@ void reduce_binomial(T& t, const void* in, void* out, std::size_t count, DataTyp
 }
 
 // Root receives block p (block_bytes each) of out from rank p; everyone sends `in`.
-template <Transport T>
-void gather_direct(T& t, const void* in, void* out, std::size_t block_bytes, int root,
-                   const AlgoOptions& opt) {
+inline void gather_direct(TransportRef t, const void* in, void* out, std::size_t block_bytes,
+                          int root, const AlgoOptions& opt) {
   const int n = t.size();
   const int r = t.rank();
   if (r != root) {
@@ -76,7 +74,7 @@ void gather_direct(T& t, const void* in, void* out, std::size_t block_bytes, int
   auto* dst = static_cast<std::byte*>(out);
   const auto blk = [&](int p) { return static_cast<std::size_t>(p) * block_bytes; };
   if (block_bytes > 0 && dst + blk(r) != in) std::memmove(dst + blk(r), in, block_bytes);
-  std::vector<typename T::Request> reqs;
+  std::vector<TransportRef::Request> reqs;
   reqs.reserve(static_cast<std::size_t>(n));
   for (int s = 1; s < n; ++s) {
     const int p = mod(r + s, n);
@@ -86,9 +84,8 @@ void gather_direct(T& t, const void* in, void* out, std::size_t block_bytes, int
 }
 
 // Root sends block p of in to rank p; everyone receives its block into out.
-template <Transport T>
-void scatter_direct(T& t, const void* in, void* out, std::size_t block_bytes, int root,
-                    const AlgoOptions& opt) {
+inline void scatter_direct(TransportRef t, const void* in, void* out, std::size_t block_bytes,
+                           int root, const AlgoOptions& opt) {
   const int n = t.size();
   const int r = t.rank();
   if (r != root) {
@@ -98,7 +95,7 @@ void scatter_direct(T& t, const void* in, void* out, std::size_t block_bytes, in
   }
   const auto* src = static_cast<const std::byte*>(in);
   const auto blk = [&](int p) { return static_cast<std::size_t>(p) * block_bytes; };
-  std::vector<typename T::Request> reqs;
+  std::vector<TransportRef::Request> reqs;
   reqs.reserve(static_cast<std::size_t>(n));
   for (int s = 1; s < n; ++s) {
     const int p = mod(r + s, n);
@@ -110,10 +107,10 @@ void scatter_direct(T& t, const void* in, void* out, std::size_t block_bytes, in
 
 // Block j of in (send_counts[j] elements, back to back) goes to rank j; block i of out
 // (recv_counts[i] elements) comes from rank i. in and out must not overlap.
-template <Transport T>
-void alltoallv_pairwise(T& t, const void* in, std::span<const std::size_t> send_counts, void* out,
-                        std::span<const std::size_t> recv_counts, std::size_t elem_size,
-                        const AlgoOptions& opt) {
+inline void alltoallv_pairwise(TransportRef t, const void* in,
+                               std::span<const std::size_t> send_counts, void* out,
+                               std::span<const std::size_t> recv_counts, std::size_t elem_size,
+                               const AlgoOptions& opt) {
   const int n = t.size();
   const int r = t.rank();
   const auto* src = static_cast<const std::byte*>(in);
@@ -126,7 +123,7 @@ void alltoallv_pairwise(T& t, const void* in, std::span<const std::size_t> send_
   }
   const auto ur = static_cast<std::size_t>(r);
   if (send_counts[ur] > 0) std::memcpy(dst + roff[ur], src + soff[ur], send_counts[ur] * elem_size);
-  std::vector<typename T::Request> reqs;
+  std::vector<TransportRef::Request> reqs;
   reqs.reserve(static_cast<std::size_t>(2 * n));
   // The signature of each message names its own size: the sender's count for the block and the
   // receiver's expectation must agree, or both sides see a MismatchError naming the two.

@@ -1,20 +1,25 @@
-// kolo/algorithm/selector.hpp — which algorithm runs a collective: an α-β-γ cost model per
-// route, overridable per size range. One place decides (NCCL's tuning.cc is the model);
-// the algorithms only execute.
+// kolo/algorithm/selector.hpp — which algorithm runs a collective: one argmin over the
+// collective's registry (algorithm/registry.hpp) of an α-β-γ cost model per route, overridable
+// per size range. One place decides (NCCL's tuning.cc is the model); the algorithms only execute.
 //
 // Model (Hockney; Thakur, Rabenseifner & Gropp 2005): sending m bytes over a link costs
 // α + m·β, reducing m bytes costs m·γ. Each algorithm's time is a formula in (n, S, α, β, γ)
-// (below, next to each cost function, and in docs/algorithms.md); the cheapest wins. The
+// (next to the algorithm, and in docs/algorithms.md); the cheapest applicable one wins. The
 // constants come from a short probe at communicator creation (tuning_probe.hpp), a file, or the
-// defaults here, per route: shared memory (ranks of one host) and TCP (between hosts).
+// defaults here, per route: shared memory (ranks of one host) and TCP (between hosts). On a host
+// with more ranks than cores, host-local β and γ are multiplied by the ranks per core.
 //
-// Overrides, per size range in bytes, same grammar for both variables:
+// Overrides, per size range in bytes, one variable per collective, one grammar:
 //   KOLO_ALLREDUCE="tree:0-65536;ring:65537-max"    ring, tree, halving-doubling (rabenseifner),
 //                                                    recursive-doubling, hierarchical, auto
 //   KOLO_BROADCAST="binomial:0-32767;chain:32K-max"  chain, binomial (tree), auto
-// A rule is NAME:LO-HI with LO, HI inclusive byte counts (K, M, G suffixes: powers of 1024;
-// HI may be "max"); rules are separated by ';' and must cover 0..max exactly once. "auto" hands
-// a range back to the cost model. Anything else is a ConfigError naming the fault.
+//   KOLO_ALLGATHER, KOLO_REDUCE_SCATTER              ring, auto
+//   KOLO_ALLTOALL                                    pairwise (direct), auto
+// (plus any registered algorithm's name). A rule is NAME:LO-HI with LO, HI inclusive byte counts
+// (K, M, G suffixes: powers of 1024; HI may be "max"); rules are separated by ';' and must cover
+// 0..max exactly once. "auto" hands a range back to the cost model. Anything else is a
+// ConfigError naming the fault. The byte count is the collective's: allreduce and broadcast the
+// buffer, allgather the whole result, reduce_scatter and alltoall the whole input.
 //
 // Every rank must select the same algorithm for the same call, so the inputs are only what all
 // ranks share: the byte count, the topology, and constants that rank 0 measured and broadcast.
@@ -24,6 +29,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -32,115 +40,25 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
-#include "kolo/algorithm/allreduce_double_tree.hpp"
+#include "kolo/algorithm/entry.hpp"
+#include "kolo/algorithm/registry.hpp"
 #include "kolo/core/error.hpp"
 
 namespace kolo {
 
-enum class AllreduceAlgorithm : std::uint8_t {
-  ring = 0,
-  tree = 1,  // pipelined double binary tree
-  halving_doubling = 2,
-  recursive_doubling = 3,
-  hierarchical = 4,
-};
-inline constexpr AllreduceAlgorithm all_allreduce_algorithms[] = {
-    AllreduceAlgorithm::ring, AllreduceAlgorithm::tree, AllreduceAlgorithm::halving_doubling,
-    AllreduceAlgorithm::recursive_doubling, AllreduceAlgorithm::hierarchical};
-
-enum class BroadcastAlgorithm : std::uint8_t { chain = 0, binomial = 1 };
-inline constexpr BroadcastAlgorithm all_broadcast_algorithms[] = {BroadcastAlgorithm::chain,
-                                                                  BroadcastAlgorithm::binomial};
-
-inline const char* algorithm_name(AllreduceAlgorithm a) {
-  switch (a) {
-    case AllreduceAlgorithm::ring:
-      return "ring";
-    case AllreduceAlgorithm::tree:
-      return "tree";
-    case AllreduceAlgorithm::halving_doubling:
-      return "halving-doubling";
-    case AllreduceAlgorithm::recursive_doubling:
-      return "recursive-doubling";
-    case AllreduceAlgorithm::hierarchical:
-      return "hierarchical";
-  }
-  return "unknown";
-}
-
-inline const char* algorithm_name(BroadcastAlgorithm a) {
-  return a == BroadcastAlgorithm::chain ? "chain" : "binomial";
-}
-
-namespace detail {
-
-struct AlgoName {
-  std::string_view name;
-  int value;  // -1: auto
-};
-
-inline constexpr AlgoName kAllreduceNames[] = {
-    {"ring", 0},
-    {"tree", 1},
-    {"double-tree", 1},
-    {"double-binary-tree", 1},
-    {"halving-doubling", 2},
-    {"rabenseifner", 2},
-    {"recursive-doubling", 3},
-    {"hierarchical", 4},
-    {"auto", -1},
-};
-inline constexpr const char* kAllreduceExpected =
-    "ring, tree, halving-doubling (or rabenseifner), recursive-doubling, hierarchical, auto";
-
-inline constexpr AlgoName kBroadcastNames[] = {
-    {"chain", 0}, {"binomial", 1}, {"tree", 1}, {"auto", -1}};
-inline constexpr const char* kBroadcastExpected = "chain, binomial (or tree), auto";
-
-template <class Algo>
-struct AlgoTraits;
-template <>
-struct AlgoTraits<AllreduceAlgorithm> {
-  static constexpr const AlgoName* begin() { return std::begin(kAllreduceNames); }
-  static constexpr const AlgoName* end() { return std::end(kAllreduceNames); }
-  static constexpr const char* expected() { return kAllreduceExpected; }
-};
-template <>
-struct AlgoTraits<BroadcastAlgorithm> {
-  static constexpr const AlgoName* begin() { return std::begin(kBroadcastNames); }
-  static constexpr const AlgoName* end() { return std::end(kBroadcastNames); }
-  static constexpr const char* expected() { return kBroadcastExpected; }
-};
-
-inline std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-inline std::string lower(std::string_view s) {
-  std::string o(s);
-  for (char& c : o) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-  return o;
-}
-
-}  // namespace detail
-
-// Parses an algorithm name ("ring", "tree", "halving-doubling", ...); nullopt means "auto".
-// Unknown names are a ConfigError listing the valid ones.
-template <class Algo>
+// Parses an algorithm name or alias of collective Algo; nullopt means "auto". Unknown names are
+// a ConfigError listing the valid ones.
+template <AlgorithmId Algo>
 std::optional<Algo> parse_algorithm(std::string_view name, std::string_view what = "algorithm") {
-  const std::string n = detail::lower(detail::trim(name));
-  for (auto* e = detail::AlgoTraits<Algo>::begin(); e != detail::AlgoTraits<Algo>::end(); ++e) {
-    if (e->name == n) {
-      if (e->value < 0) return std::nullopt;
-      return static_cast<Algo>(e->value);
-    }
-  }
+  const auto& reg = AlgorithmRegistry<Algo>::instance();
+  if (detail::lower(detail::trim(name)) == "auto") return std::nullopt;
+  if (auto a = reg.find(name)) return *a;
   throw ConfigError(std::string(what) + ": unknown algorithm '" + std::string(detail::trim(name)) +
-                    "' (expected " + detail::AlgoTraits<Algo>::expected() + ")");
+                    "' (expected " + reg.expected() + ")");
 }
 
 inline std::optional<AllreduceAlgorithm> parse_allreduce_algorithm(std::string_view name) {
@@ -150,10 +68,11 @@ inline std::optional<BroadcastAlgorithm> parse_broadcast_algorithm(std::string_v
   return parse_algorithm<BroadcastAlgorithm>(name, "broadcast");
 }
 
-// A choice of algorithm per byte range: KOLO_ALLREDUCE / KOLO_BROADCAST, or forced in code.
-template <class Algo>
+// A choice of algorithm per byte range: KOLO_<COLLECTIVE>, or forced in code.
+template <AlgorithmId Algo>
 class SizeRules {
  public:
+  using algorithm_type = Algo;
   static constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
   struct Rule {
     std::size_t lo, hi;        // inclusive
@@ -308,12 +227,6 @@ class SizeRules {
 
 // ---------------------------------------------------------------- constants
 
-// One route's Hockney parameters: a message of m bytes takes alpha + m·beta seconds.
-struct LinkCost {
-  double alpha = 0;  // seconds
-  double beta = 0;   // seconds per byte
-};
-
 // The constants of the cost model. Defaults: what this project's 2-core CI machine measured
 // (docs/algorithms.md); the probe replaces them at communicator creation unless KOLO_TUNING says
 // otherwise.
@@ -321,20 +234,24 @@ struct Tuning {
   LinkCost shm{15e-6, 0.15e-9};
   LinkCost tcp{40e-6, 0.55e-9};
   double gamma = 0.1e-9;  // seconds per byte of a reduction (float32 sum, cache-resident)
+  // Cores available to rank 0 (0: unknown). With more ranks on a host than cores, the model
+  // charges host-local copies and reductions for sharing them (Selector::oversubscription()).
+  int cores = 0;
   enum class Source : std::uint8_t { defaults = 0, probe = 1, file = 2 } source = Source::defaults;
 
   static const char* source_name(Source s) {
     return s == Source::probe ? "probe" : s == Source::file ? "file" : "default";
   }
 
-  // "key value" lines: microseconds for α, nanoseconds per byte for β and γ.
+  // "key value" lines: microseconds for α, nanoseconds per byte for β and γ, and the cores.
   std::string to_text() const {
     char buf[512];
     std::snprintf(buf, sizeof(buf),
                   "# kolo tuning: alpha in microseconds, beta and gamma in nanoseconds per byte\n"
                   "shm_alpha_us %.4f\nshm_beta_ns %.5f\ntcp_alpha_us %.4f\ntcp_beta_ns %.5f\n"
-                  "gamma_ns %.5f\n",
-                  shm.alpha * 1e6, shm.beta * 1e9, tcp.alpha * 1e6, tcp.beta * 1e9, gamma * 1e9);
+                  "gamma_ns %.5f\ncores %d\n",
+                  shm.alpha * 1e6, shm.beta * 1e9, tcp.alpha * 1e6, tcp.beta * 1e9, gamma * 1e9,
+                  cores);
     return buf;
   }
 
@@ -369,234 +286,183 @@ struct Tuning {
         t.tcp.beta = v * 1e-9;
       } else if (key == "gamma_ns") {
         t.gamma = v * 1e-9;
+      } else if (key == "cores") {
+        if (v != std::floor(v) || v > 1e6) {
+          throw ConfigError(at + "'" + std::string(line) + "' needs a whole number of cores");
+        }
+        t.cores = static_cast<int>(v);
       } else {
         throw ConfigError(at + "unknown key '" + key +
                           "' (expected shm_alpha_us, shm_beta_ns, tcp_alpha_us, tcp_beta_ns, "
-                          "gamma_ns)");
+                          "gamma_ns, cores)");
       }
     }
     return t;
   }
 };
 
-// What the model needs to know about the communicator.
-struct SelectionShape {
-  int size = 1;
-  int hosts = 1;                 // hosts in the job (1 when unknown)
-  int local_size = 1;            // ranks per host (the largest host's count when uneven)
-  bool hierarchical_ok = false;  // several hosts with several ranks each, equal counts, known
-  LinkCost flat;   // the link every step of a flat algorithm waits on (the slowest route in use)
-  LinkCost intra;  // between ranks of one host
-  LinkCost inter;  // between hosts
-};
-
-// ---------------------------------------------------------------- cost formulas
-
-namespace cost {
-
-inline int floor_pow2(int n) {
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
-}
-inline int log2_floor(int n) {
-  int k = 0;
-  while ((2 << k) <= n) ++k;
-  return k;
-}
-
-// Ring: reduce-scatter + allgather, each n-1 steps of S/n bytes.
-//   2(n-1)·α + 2(n-1)/n·S·β + (n-1)/n·S·γ
-inline double ring(int n, double S, LinkCost l, double gamma) {
-  if (n <= 1) return 0;
-  const double f = static_cast<double>(n - 1) / n;
-  return 2.0 * (n - 1) * l.alpha + 2.0 * f * S * l.beta + f * S * gamma;
-}
-
-// Extra cost of folding n - p ranks into a power of two p and back (MPICH's pairing):
-//   (α + S·β + S·γ) before, (α + S·β) after.
-inline double non_pow2_fold(int n, double S, LinkCost l, double gamma) {
-  return n == floor_pow2(n) ? 0.0 : 2.0 * l.alpha + 2.0 * S * l.beta + S * gamma;
-}
-
-// Recursive doubling: log2(p) rounds exchanging everything.
-//   log2(p)·(α + S·β + S·γ) [+ fold]
-inline double recursive_doubling(int n, double S, LinkCost l, double gamma) {
-  if (n <= 1) return 0;
-  return log2_floor(n) * (l.alpha + S * l.beta + S * gamma) + non_pow2_fold(n, S, l, gamma);
-}
-
-// Rabenseifner: recursive halving reduce-scatter + recursive doubling allgather.
-//   2·log2(p)·α + 2(p-1)/p·S·β + (p-1)/p·S·γ [+ fold]
-inline double halving_doubling(int n, double S, LinkCost l, double gamma) {
-  if (n <= 1) return 0;
-  const int p = floor_pow2(n);
-  const double f = static_cast<double>(p - 1) / p;
-  return 2.0 * log2_floor(n) * l.alpha + 2.0 * f * S * l.beta + f * S * gamma +
-         non_pow2_fold(n, S, l, gamma);
-}
-
-// The double tree's shape, from the trees themselves: depth, and the most links any rank serves
-// in both trees together (each link carries S/2 up and S/2 down per tree).
-struct TreeShape {
-  int depth = 0;
-  int max_links = 0;
-  int max_children = 0;  // in one tree: how many segments one rank folds per segment
-};
-inline TreeShape double_tree_shape(int n) {
-  TreeShape s;
-  if (n <= 1) return s;
-  // Depth: follow parents from every rank (n is small: ranks of one job).
-  for (int which = 0; which < 2; ++which) {
-    for (int r = 0; r < n; ++r) {
-      int d = 0;
-      for (int x = r; double_tree_links(n, x, which).parent >= 0;
-           x = double_tree_links(n, x, which).parent)
-        ++d;
-      s.depth = std::max(s.depth, d);
-    }
-  }
-  for (int r = 0; r < n; ++r) {
-    int links = 0;
-    for (int which = 0; which < 2; ++which) {
-      const TreeLinks l = double_tree_links(n, r, which);
-      links += (l.parent >= 0) + l.children();
-      s.max_children = std::max(s.max_children, l.children());
-    }
-    s.max_links = std::max(s.max_links, links);
-  }
-  return s;
-}
-
-// Pipelined double binary tree, segments of s bytes, depth D, a rank serving at most E links:
-//   2·D·(α + c·s·β)  [filling and draining the pipeline, c children per segment]
-//   + E·(S/2)·β      [the busiest rank's traffic: S/2 per link and direction]
-//   + c/2·S·γ        [an inner node folds c segments of its tree per segment]
-inline double double_tree(const TreeShape& ts, int n, double S, LinkCost l, double gamma,
-                          std::size_t segment_cap) {
-  if (n <= 1) return 0;
-  const double half = std::ceil(S / 2);
-  const double s = std::min(half, static_cast<double>(double_tree_segment(
-                                      static_cast<std::size_t>(half), n,
-                                      l.alpha / std::max(l.beta, 1e-15), segment_cap)));
-  const double c = ts.max_children;
-  return 2.0 * ts.depth * (l.alpha + c * s * l.beta) + ts.max_links * (S / 2) * l.beta +
-         c / 2 * S * gamma;
-}
-
-// Hierarchical: ring reduce-scatter and allgather inside the host over the intra link, and the
-// best flat allreduce of S/L bytes across the H hosts, whose L shards share the inter link.
-//   2(L-1)·αi + 2(L-1)/L·S·βi + (L-1)/L·S·γ + T_cross(S/L, H, αx, βx·L)
-template <class Cross>
-double hierarchical(int L, int H, double S, LinkCost intra, LinkCost inter, double gamma,
-                    Cross&& best_cross) {
-  LinkCost shared = inter;
-  shared.beta *= L;
-  return ring(L, S, intra, gamma) + best_cross(H, S / L, shared);
-}
-
-// Chain broadcast, pipelined in segments of s: the last segment leaves the root after S/s
-// steps and needs n-2 more hops: (n-2 + S/s)·(α + s·β).
-inline double chain_broadcast(int n, double S, LinkCost l, std::size_t segment_bytes) {
-  if (n <= 1) return 0;
-  const double s = std::max(1.0, std::min(S, static_cast<double>(segment_bytes)));
-  const double k = std::max(1.0, std::ceil(S / s));
-  return (n - 2 + k) * (l.alpha + s * l.beta);
-}
-
-// Binomial broadcast, pipelined: the root sends each of the S/s segments to ceil(log2 n)
-// children in turn, the largest subtree first, so the last segment is everywhere after
-//   (S/s)·ceil(log2 n)·(α + s·β)
-// — log2(n) latency steps for one segment, but log2(n) times the chain's bandwidth term.
-inline double binomial_broadcast(int n, double S, LinkCost l, std::size_t segment_bytes) {
-  if (n <= 1) return 0;
-  int levels = 0;
-  while ((1 << levels) < n) ++levels;
-  const double s = std::max(1.0, std::min(S, static_cast<double>(segment_bytes)));
-  const double k = std::max(1.0, std::ceil(S / s));
-  return k * levels * (l.alpha + s * l.beta);
-}
-
-}  // namespace cost
-
 // ---------------------------------------------------------------- the selector
 
 class Selector {
  public:
-  Selector() = default;
+  Selector() : Selector(Tuning{}, SelectionShape{}) {}
   Selector(Tuning tuning, SelectionShape shape, std::size_t segment_bytes = 256 * 1024)
-      : tuning_(tuning),
-        shape_(shape),
-        segment_bytes_(segment_bytes),
-        tree_(cost::double_tree_shape(shape.size)),
-        cross_tree_(cost::double_tree_shape(shape.hosts)) {}
+      : tuning_(tuning), shape_(shape), segment_bytes_(segment_bytes) {
+    // Ranks on the busiest host: all of them on one host.
+    const int per_host = shape_.hosts <= 1 ? shape_.size : shape_.local_size;
+    const int cores = tuning_.cores;
+    rho_ = cores > 0 ? std::max(1.0, static_cast<double>(per_host) / cores) : 1.0;
+    // Host-local β (the flat link when the job is on one host) and γ share the cores.
+    eff_flat_ = shape_.flat;
+    if (shape_.hosts <= 1) eff_flat_.beta *= rho_;
+    eff_gamma_ = tuning_.gamma * rho_;
+    std::apply([](auto&... t) { (t.snapshot(), ...); }, tables_);
+  }
 
   const Tuning& tuning() const { return tuning_; }
   const SelectionShape& shape() const { return shape_; }
+  // Ranks per core on the busiest host (1 when the cores are unknown or suffice).
+  double oversubscription() const { return rho_; }
 
-  // ---- forcing: every rank must make the same calls (kolo-bench --algo, tests) ----
-  void force_allreduce(AllreduceAlgorithm a) {
-    allreduce_rules_ = SizeRules<AllreduceAlgorithm>::always(a);
-  }
-  void force_broadcast(BroadcastAlgorithm a) {
-    broadcast_rules_ = SizeRules<BroadcastAlgorithm>::always(a);
-  }
-  // Same grammar as KOLO_ALLREDUCE / KOLO_BROADCAST; a bad spec is a ConfigError.
-  void set_allreduce_rules(std::string_view spec) {
-    allreduce_rules_ = SizeRules<AllreduceAlgorithm>::parse("allreduce rules", spec);
-  }
-  void set_broadcast_rules(std::string_view spec) {
-    broadcast_rules_ = SizeRules<BroadcastAlgorithm>::parse("broadcast rules", spec);
-  }
-  void set_allreduce_rules(SizeRules<AllreduceAlgorithm> r) { allreduce_rules_ = std::move(r); }
-  void set_broadcast_rules(SizeRules<BroadcastAlgorithm> r) { broadcast_rules_ = std::move(r); }
-  // Back to the cost model for every size.
-  void clear_overrides() {
-    allreduce_rules_ = {};
-    broadcast_rules_ = {};
-  }
-  const SizeRules<AllreduceAlgorithm>& allreduce_rules() const { return allreduce_rules_; }
-  const SizeRules<BroadcastAlgorithm>& broadcast_rules() const { return broadcast_rules_; }
+  // ---- any collective: Algo is AllreduceAlgorithm, BroadcastAlgorithm, AllgatherAlgorithm,
+  //      ReduceScatterAlgorithm or AlltoallAlgorithm ----
 
-  // ---- decisions ----
-  // The algorithm for an allreduce of `bytes`: the override for that size, else the model.
-  AllreduceAlgorithm allreduce(std::size_t bytes) const {
-    if (auto a = allreduce_rules_.lookup(bytes)) return *a;
-    return model_allreduce(bytes);
+  // The algorithm for `bytes`: the override for that size if it can run here, else the model.
+  template <AlgorithmId Algo>
+  Algo select(std::size_t bytes) const {
+    const auto& t = table<Algo>();
+    if (auto a = t.rules.lookup(bytes); a && runnable(*a)) return *a;
+    return model<Algo>(bytes);
   }
-  BroadcastAlgorithm broadcast(std::size_t bytes) const {
-    if (auto a = broadcast_rules_.lookup(bytes)) return *a;
-    return model_broadcast(bytes);
-  }
-
   // The model's choice alone (overrides ignored), at the next power of two of `bytes`.
-  AllreduceAlgorithm model_allreduce(std::size_t bytes) const {
-    const double S = bucket(bytes);
-    AllreduceAlgorithm best = AllreduceAlgorithm::ring;
-    double best_t = std::numeric_limits<double>::infinity();
-    for (AllreduceAlgorithm a : all_allreduce_algorithms) {
-      const double t = cost_at(a, S);
-      if (t < best_t) {
-        best_t = t;
-        best = a;
-      }
-    }
+  template <AlgorithmId Algo>
+  Algo model(std::size_t bytes) const {
+    auto& t = table<Algo>();
+    const std::size_t b = bucket_index(bytes);
+    const int cached = t.cache[b].load(std::memory_order_relaxed);
+    if (cached >= 0) return static_cast<Algo>(cached);
+    const Algo best = argmin<Algo>(bucket(bytes));
+    t.cache[b].store(static_cast<int>(best), std::memory_order_relaxed);
     return best;
   }
-  BroadcastAlgorithm model_broadcast(std::size_t bytes) const {
-    const double S = bucket(bytes);
-    return cost_at(BroadcastAlgorithm::binomial, S) < cost_at(BroadcastAlgorithm::chain, S)
-               ? BroadcastAlgorithm::binomial
-               : BroadcastAlgorithm::chain;
+  // Modelled seconds for exactly `bytes`; +infinity when the algorithm cannot run here or the
+  // model never picks it on this topology.
+  template <AlgorithmId Algo>
+  double cost(Algo a, std::size_t bytes) const {
+    return cost_at(a, static_cast<double>(bytes));
+  }
+  // True when `a` is registered (as of this Selector's creation) and can run here.
+  template <AlgorithmId Algo>
+  bool runnable(Algo a) const {
+    const auto* e = entry(a);
+    return e != nullptr && (e->applies == nullptr || e->applies(shape_));
+  }
+  // Every rank must make the same calls (kolo-bench --algo, tests).
+  template <AlgorithmId Algo>
+  void force(Algo a) {
+    table<Algo>().rules = SizeRules<Algo>::always(a);
+  }
+  template <AlgorithmId Algo>
+  void set_rules(SizeRules<Algo> r) {
+    table<Algo>().rules = std::move(r);
+  }
+  // KOLO_<COLLECTIVE>'s grammar; a bad spec is a ConfigError.
+  template <AlgorithmId Algo>
+  void set_rules(std::string_view spec) {
+    table<Algo>().rules =
+        SizeRules<Algo>::parse(std::string(AlgorithmTraits<Algo>::name) + " rules", spec);
+  }
+  template <AlgorithmId Algo>
+  const SizeRules<Algo>& rules() const {
+    return table<Algo>().rules;
+  }
+  // The entries this Selector chooses from (the registry when it was created).
+  template <AlgorithmId Algo>
+  const std::vector<const AlgorithmEntry<Algo>*>& entries() const {
+    return table<Algo>().entries;
+  }
+  // Where the model's choice changes between `lo` and `hi` bytes (powers of two): {first size,
+  // algorithm} pairs, for docs and logs.
+  template <AlgorithmId Algo>
+  std::vector<std::pair<std::size_t, Algo>> switch_points(std::size_t lo = 8,
+                                                          std::size_t hi = std::size_t{1}
+                                                                           << 30) const {
+    std::vector<std::pair<std::size_t, Algo>> out;
+    for (std::size_t b = lo; b <= hi; b *= 2) {
+      const Algo a = model<Algo>(b);
+      if (out.empty() || out.back().second != a) out.emplace_back(b, a);
+    }
+    return out;
   }
 
-  // The algorithm for the cross-host step of a hierarchical allreduce of `bytes` in total
-  // (each shard carries bytes / local_size).
-  AllreduceAlgorithm cross_allreduce(std::size_t bytes) const {
+  // Runs the selected algorithm of `a` on `t` and returns which ran. `ctx` brings the scratch
+  // buffer and the host layout; the link and segment cap are filled in here.
+  template <AlgorithmId Algo>
+  Algo run(TransportRef t, const typename AlgorithmTraits<Algo>::Args& a, const AlgoOptions& opt,
+           AlgoContext ctx) const {
+    const Algo id = select<Algo>(a.bytes());
+    ctx.link = shape_.flat;
+    ctx.segment_cap = segment_bytes_;
+    if constexpr (std::is_same_v<Algo, AllreduceAlgorithm>) {
+      ctx.sub_allreduce = &Selector::run_cross;
+      ctx.self = this;
+    }
+    entry(id)->run(t, a, opt, ctx);
+    return id;
+  }
+
+  // ---- allreduce and broadcast by name (the API before the registry) ----
+  void force_allreduce(AllreduceAlgorithm a) { force(a); }
+  void force_broadcast(BroadcastAlgorithm a) { force(a); }
+  // Same grammar as KOLO_ALLREDUCE / KOLO_BROADCAST; a bad spec is a ConfigError.
+  void set_allreduce_rules(std::string_view spec) { set_rules<AllreduceAlgorithm>(spec); }
+  void set_broadcast_rules(std::string_view spec) { set_rules<BroadcastAlgorithm>(spec); }
+  void set_allreduce_rules(SizeRules<AllreduceAlgorithm> r) { set_rules(std::move(r)); }
+  void set_broadcast_rules(SizeRules<BroadcastAlgorithm> r) { set_rules(std::move(r)); }
+  // Back to the cost model for every size and collective.
+  void clear_overrides() {
+    std::apply([](auto&... t) { ((t.rules = {}), ...); }, tables_);
+  }
+  const SizeRules<AllreduceAlgorithm>& allreduce_rules() const {
+    return rules<AllreduceAlgorithm>();
+  }
+  const SizeRules<BroadcastAlgorithm>& broadcast_rules() const {
+    return rules<BroadcastAlgorithm>();
+  }
+  AllreduceAlgorithm allreduce(std::size_t bytes) const {
+    return select<AllreduceAlgorithm>(bytes);
+  }
+  BroadcastAlgorithm broadcast(std::size_t bytes) const {
+    return select<BroadcastAlgorithm>(bytes);
+  }
+  AllreduceAlgorithm model_allreduce(std::size_t bytes) const {
+    return model<AllreduceAlgorithm>(bytes);
+  }
+  BroadcastAlgorithm model_broadcast(std::size_t bytes) const {
+    return model<BroadcastAlgorithm>(bytes);
+  }
+  std::vector<std::pair<std::size_t, AllreduceAlgorithm>> allreduce_switch_points(
+      std::size_t lo = 8, std::size_t hi = std::size_t{1} << 30) const {
+    return switch_points<AllreduceAlgorithm>(lo, hi);
+  }
+
+  // The algorithm for the cross-host step of a hierarchical allreduce whose shards carry
+  // `shard_bytes` each (one rank per host takes part).
+  AllreduceAlgorithm cross_allreduce_for_shard(std::size_t shard_bytes) const {
+    const std::size_t b = bucket_index(shard_bytes);
+    const int cached = cross_cache_[b].load(std::memory_order_relaxed);
+    if (cached >= 0) return static_cast<AllreduceAlgorithm>(cached);
     const int L = std::max(1, shape_.local_size);
     LinkCost shared = shape_.inter;
     shared.beta *= L;
-    return best_flat(shape_.hosts, cross_tree_, bucket(bytes) / L, shared).first;
+    const AllreduceAlgorithm a = best_flat(shape_.hosts, bucket(shard_bytes), shared).first;
+    cross_cache_[b].store(static_cast<int>(a), std::memory_order_relaxed);
+    return a;
+  }
+  // The same for an allreduce of `bytes` in total (each shard carries bytes / local_size).
+  AllreduceAlgorithm cross_allreduce(std::size_t bytes) const {
+    return cross_allreduce_for_shard(bytes /
+                                     static_cast<std::size_t>(std::max(1, shape_.local_size)));
   }
 
   // The double tree's segment for a tree carrying `half_bytes` (identical on every rank: the
@@ -607,104 +473,179 @@ class Selector {
                                l.alpha / std::max(l.beta, 1e-15), segment_bytes_);
   }
 
-  // Modelled seconds; +infinity when the algorithm does not apply to this topology.
-  double cost(AllreduceAlgorithm a, std::size_t bytes) const {
-    return cost_at(a, static_cast<double>(bytes));
-  }
-  double cost(BroadcastAlgorithm a, std::size_t bytes) const {
-    return cost_at(a, static_cast<double>(bytes));
-  }
-
   std::string describe() const {
-    char buf[256];
+    char buf[320];
     std::snprintf(buf, sizeof(buf),
-                  "tuning %s: shm a=%.2fus b=%.3fns/B, tcp a=%.2fus b=%.3fns/B, g=%.3fns/B; ",
+                  "tuning %s: shm a=%.2fus b=%.3fns/B, tcp a=%.2fus b=%.3fns/B, g=%.3fns/B, "
+                  "%d cores (%.2g ranks per core); ",
                   Tuning::source_name(tuning_.source), tuning_.shm.alpha * 1e6,
                   tuning_.shm.beta * 1e9, tuning_.tcp.alpha * 1e6, tuning_.tcp.beta * 1e9,
-                  tuning_.gamma * 1e9);
-    return std::string(buf) + "allreduce " + allreduce_rules_.describe() + ", broadcast " +
-           broadcast_rules_.describe();
-  }
-
-  // Where the model's allreduce choice changes between `lo` and `hi` bytes (powers of two):
-  // {first size, algorithm} pairs, for docs and logs.
-  std::vector<std::pair<std::size_t, AllreduceAlgorithm>> allreduce_switch_points(
-      std::size_t lo = 8, std::size_t hi = std::size_t{1} << 30) const {
-    std::vector<std::pair<std::size_t, AllreduceAlgorithm>> out;
-    for (std::size_t b = lo; b <= hi; b *= 2) {
-      const AllreduceAlgorithm a = model_allreduce(b);
-      if (out.empty() || out.back().second != a) out.emplace_back(b, a);
-    }
-    return out;
+                  tuning_.gamma * 1e9, tuning_.cores, rho_);
+    std::string s = std::string(buf) + "allreduce " + rules<AllreduceAlgorithm>().describe() +
+                    ", broadcast " + rules<BroadcastAlgorithm>().describe();
+    auto more = [&](const char* name, const auto& r) {
+      if (!r.empty()) s += std::string(", ") + name + " " + r.describe();
+    };
+    more("allgather", rules<AllgatherAlgorithm>());
+    more("reduce_scatter", rules<ReduceScatterAlgorithm>());
+    more("alltoall", rules<AlltoallAlgorithm>());
+    return s;
   }
 
  private:
-  static double bucket(std::size_t bytes) {
-    std::size_t p = 1;
-    while (p < bytes && p < (std::size_t{1} << 62)) p <<= 1;
-    return static_cast<double>(bytes <= 1 ? bytes : p);
+  static constexpr std::size_t kBuckets = 66;  // 0, 1, 2^1 .. 2^64
+
+  // One collective's state: the registry's entries at creation, the overrides, and the model's
+  // choice per power-of-two bucket (computed once; -1: not yet).
+  template <class Algo>
+  struct Table {
+    std::vector<const AlgorithmEntry<Algo>*> entries;
+    SizeRules<Algo> rules;
+    mutable std::array<std::atomic<int>, kBuckets> cache;
+
+    Table() { clear_cache(); }
+    Table(const Table& o) : entries(o.entries), rules(o.rules) { clear_cache(); }
+    Table& operator=(const Table& o) {
+      entries = o.entries;
+      rules = o.rules;
+      clear_cache();
+      return *this;
+    }
+    void snapshot() {
+      entries = algorithm_entries<Algo>();
+      clear_cache();
+    }
+    void clear_cache() {
+      for (auto& c : cache) c.store(-1, std::memory_order_relaxed);
+    }
+  };
+  struct CrossCache {
+    mutable std::array<std::atomic<int>, kBuckets> v;
+    CrossCache() { clear(); }
+    CrossCache(const CrossCache&) { clear(); }
+    CrossCache& operator=(const CrossCache&) {
+      clear();
+      return *this;
+    }
+    void clear() {
+      for (auto& c : v) c.store(-1, std::memory_order_relaxed);
+    }
+    std::atomic<int>& operator[](std::size_t i) const { return v[i]; }
+  };
+
+  template <class Algo>
+  Table<Algo>& table() {
+    return std::get<Table<Algo>>(tables_);
+  }
+  template <class Algo>
+  const Table<Algo>& table() const {
+    return std::get<Table<Algo>>(tables_);
+  }
+  template <class Algo>
+  const AlgorithmEntry<Algo>* entry(Algo a) const {
+    const auto& e = table<Algo>().entries;
+    const auto i = static_cast<std::size_t>(a);
+    return i < e.size() ? e[i] : nullptr;
   }
 
-  std::pair<AllreduceAlgorithm, double> best_flat(int n, const cost::TreeShape& ts, double S,
-                                                  LinkCost l) const {
-    const AllreduceAlgorithm flat[] = {AllreduceAlgorithm::ring, AllreduceAlgorithm::tree,
-                                       AllreduceAlgorithm::halving_doubling,
-                                       AllreduceAlgorithm::recursive_doubling};
-    std::pair<AllreduceAlgorithm, double> best{AllreduceAlgorithm::ring,
-                                               std::numeric_limits<double>::infinity()};
-    for (AllreduceAlgorithm a : flat) {
-      const double t = flat_cost(a, n, ts, S, l);
-      if (t < best.second) best = {a, t};
+  // The next power of two of `bytes` (0 and 1 themselves), and its bucket: 0, 1, 2 + log2.
+  static double bucket(std::size_t bytes) {
+    if (bytes <= 1) return static_cast<double>(bytes);
+    const auto k = std::min<std::size_t>(62, static_cast<std::size_t>(std::bit_width(bytes - 1)));
+    return static_cast<double>(std::size_t{1} << k);
+  }
+  static std::size_t bucket_index(std::size_t bytes) {
+    if (bytes <= 1) return bytes;
+    return 1 + static_cast<std::size_t>(std::bit_width(bytes - 1));
+  }
+
+  CostQuery query(double S) const {
+    CostQuery q;
+    q.n = shape_.size;
+    q.bytes = S;
+    q.link = eff_flat_;
+    q.gamma = eff_gamma_;
+    q.segment_bytes = segment_bytes_;
+    q.contention = shape_.hosts > 1 ? std::max(1, shape_.local_size) : 1;
+    q.oversubscription = rho_;
+    q.shape = &shape_;
+    q.best_flat_allreduce = [](const void* self, int n, double bytes, LinkCost l) {
+      return static_cast<const Selector*>(self)->best_flat(n, bytes, l).second;
+    };
+    q.self = this;
+    return q;
+  }
+
+  template <class Algo>
+  double cost_at(Algo a, double S) const {
+    const auto* e = entry(a);
+    if (e == nullptr || e->cost == nullptr || !runnable(a)) {
+      return std::numeric_limits<double>::infinity();
+    }
+    return e->cost(query(S));
+  }
+
+  template <class Algo>
+  Algo argmin(double S) const {
+    const auto& es = table<Algo>().entries;
+    const CostQuery q = query(S);
+    Algo best = static_cast<Algo>(0);
+    double best_t = std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < es.size(); ++i) {
+      const auto* e = es[i];
+      if (e->cost == nullptr || (e->applies != nullptr && !e->applies(shape_))) continue;
+      const double t = e->cost(q);
+      if (t < best_t) {  // ties: the earlier entry
+        best_t = t;
+        best = static_cast<Algo>(i);
+      }
     }
     return best;
   }
 
-  double flat_cost(AllreduceAlgorithm a, int n, const cost::TreeShape& ts, double S,
-                   LinkCost l) const {
-    const double g = tuning_.gamma;
-    switch (a) {
-      case AllreduceAlgorithm::ring:
-        return cost::ring(n, S, l, g);
-      case AllreduceAlgorithm::tree:
-        return cost::double_tree(ts, n, S, l, g, segment_bytes_);
-      case AllreduceAlgorithm::halving_doubling:
-        return cost::halving_doubling(n, S, l, g);
-      case AllreduceAlgorithm::recursive_doubling:
-        return cost::recursive_doubling(n, S, l, g);
-      case AllreduceAlgorithm::hierarchical:
-        break;
+  // The cheapest flat allreduce over n ranks (hierarchical's cross step: one rank per host, the
+  // link as given, no further sharing).
+  std::pair<AllreduceAlgorithm, double> best_flat(int n, double S, LinkCost l) const {
+    CostQuery q;
+    q.n = n;
+    q.bytes = S;
+    q.link = l;
+    q.gamma = eff_gamma_;
+    q.segment_bytes = segment_bytes_;
+    const auto& es = table<AllreduceAlgorithm>().entries;
+    std::pair<AllreduceAlgorithm, double> best{AllreduceAlgorithm::ring,
+                                               std::numeric_limits<double>::infinity()};
+    for (std::size_t i = 0; i < es.size(); ++i) {
+      if (!es[i]->flat || es[i]->cost == nullptr) continue;
+      const double t = es[i]->cost(q);
+      if (t < best.second) best = {static_cast<AllreduceAlgorithm>(i), t};
     }
-    return std::numeric_limits<double>::infinity();
+    return best;
   }
 
-  double cost_at(AllreduceAlgorithm a, double S) const {
-    const int n = shape_.size;
-    if (a != AllreduceAlgorithm::hierarchical) {
-      LinkCost l = shape_.flat;
-      // Across hosts, every algorithm but the ring has all ranks of a host talking to other
-      // hosts at once in some round: they share the inter-host link.
-      if (shape_.hosts > 1 && a != AllreduceAlgorithm::ring)
-        l.beta *= std::max(1, shape_.local_size);
-      return flat_cost(a, n, tree_, S, l);
-    }
-    if (!shape_.hierarchical_ok) return std::numeric_limits<double>::infinity();
-    return cost::hierarchical(
-        shape_.local_size, shape_.hosts, S, shape_.intra, shape_.inter, tuning_.gamma,
-        [&](int H, double s, LinkCost l) { return best_flat(H, cross_tree_, s, l).second; });
-  }
-
-  double cost_at(BroadcastAlgorithm a, double S) const {
-    return a == BroadcastAlgorithm::chain
-               ? cost::chain_broadcast(shape_.size, S, shape_.flat, segment_bytes_)
-               : cost::binomial_broadcast(shape_.size, S, shape_.flat, segment_bytes_);
+  // AlgoContext::sub_allreduce: the cross-host step of hierarchical, on the inter-host link.
+  static void run_cross(const void* self, TransportRef group, const AllreduceArgs& a,
+                        const AlgoOptions& opt) {
+    const auto& s = *static_cast<const Selector*>(self);
+    const AllreduceAlgorithm id = s.cross_allreduce_for_shard(a.bytes());
+    AlgoContext ctx;
+    ctx.link = s.shape_.inter;
+    ctx.segment_cap = s.segment_bytes_;
+    std::vector<std::byte> scratch;
+    ctx.scratch = &scratch;
+    s.entry(id)->run(group, a, opt, ctx);
   }
 
   Tuning tuning_;
   SelectionShape shape_;
   std::size_t segment_bytes_ = 256 * 1024;
-  cost::TreeShape tree_, cross_tree_;
-  SizeRules<AllreduceAlgorithm> allreduce_rules_;
-  SizeRules<BroadcastAlgorithm> broadcast_rules_;
+  double rho_ = 1;
+  LinkCost eff_flat_;
+  double eff_gamma_ = 0;
+  std::tuple<Table<AllreduceAlgorithm>, Table<BroadcastAlgorithm>, Table<AllgatherAlgorithm>,
+             Table<ReduceScatterAlgorithm>, Table<AlltoallAlgorithm>>
+      tables_;
+  CrossCache cross_cache_;
 };
 
 }  // namespace kolo

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,6 +34,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kolo/algorithm/broadcast_binomial.hpp"
@@ -42,7 +44,7 @@
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/core/reduce.hpp"
-#include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_ref.hpp"
 
 namespace kolo {
 
@@ -99,7 +101,19 @@ inline Signature tuning_sig(std::uint64_t tag) {
 struct TuningWire {
   double shm_alpha, shm_beta, tcp_alpha, tcp_beta, gamma;
   std::uint64_t source;
+  std::uint64_t cores;
 };
+
+// The cores this process may run on (its affinity mask; all online cores if unknown).
+inline int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 // Rounds per message size: warm-up rounds first, then timed ones. Shared memory gets enough
 // warm-up rounds to cycle through every slot of its channels (8 by default): a slot's first use
@@ -120,9 +134,8 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // Rank 0's side of the ping-pong with `peer` (pinger) or the peer's side (echo).
-template <Transport T>
-LinkCost ping_pong(T& t, int peer, bool pinger, bool shm, std::vector<std::byte>& buf,
-                   const Deadline& dl) {
+inline LinkCost ping_pong(TransportRef t, int peer, bool pinger, bool shm,
+                          std::vector<std::byte>& buf, const Deadline& dl) {
   const Signature sig = tuning_sig(kTuningPingTag);
   auto round_trip = [&](std::size_t bytes) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -240,9 +253,8 @@ inline void write_tuning_file(const std::string& path, const Tuning& t) {
 
 // Runs on every rank at once (a collective). Errors (a bad file on rank 0, a lost peer) throw
 // here; the caller aborts the transport so the other ranks get the same error.
-template <Transport T>
-Tuning negotiate_tuning(T& t, const TuningSource& source, ProbePartners partners,
-                        const Deadline& dl) {
+inline Tuning negotiate_tuning(TransportRef t, const TuningSource& source, ProbePartners partners,
+                               const Deadline& dl) {
   const int n = t.size();
   const int r = t.rank();
   if (n == 1 || source.kind == TuningSource::Kind::defaults) return Tuning{};
@@ -281,20 +293,26 @@ Tuning negotiate_tuning(T& t, const TuningSource& source, ProbePartners partners
     }
     if (r == 0) {
       tuning.gamma = detail::measure_gamma();
+      tuning.cores = detail::available_cores();
       tuning.source = Tuning::Source::probe;
       if (source.kind == TuningSource::Kind::file) detail::write_tuning_file(source.path, tuning);
     }
   }
 
-  detail::TuningWire w{tuning.shm.alpha, tuning.shm.beta,
-                       tuning.tcp.alpha, tuning.tcp.beta,
-                       tuning.gamma,     static_cast<std::uint64_t>(tuning.source)};
+  detail::TuningWire w{tuning.shm.alpha,
+                       tuning.shm.beta,
+                       tuning.tcp.alpha,
+                       tuning.tcp.beta,
+                       tuning.gamma,
+                       static_cast<std::uint64_t>(tuning.source),
+                       static_cast<std::uint64_t>(std::max(0, tuning.cores))};
   opt.sig = detail::tuning_sig(detail::kTuningValueTag);
   broadcast_binomial(t, &w, sizeof(w), 0, opt);
   Tuning out;
   out.shm = {w.shm_alpha, w.shm_beta};
   out.tcp = {w.tcp_alpha, w.tcp_beta};
   out.gamma = w.gamma;
+  out.cores = static_cast<int>(w.cores);
   out.source = static_cast<Tuning::Source>(w.source);
   return out;
 }

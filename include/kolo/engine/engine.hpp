@@ -110,17 +110,10 @@ struct EngineStats {
 };
 
 // A transport that takes device tensors and packs fused batches of them on the GPU
-// (CudaStagedTransport, NcclTransport): Engine<T> then takes device tensors too.
+// (CudaStagedTransport, NcclTransport): Engine<T> then takes device tensors too. The contract is
+// transport.hpp's DeviceFusion; this name stays for code written against it.
 template <class T>
-concept DeviceFusionTransport = requires(T& t, const cuda::FusionItem* items, std::size_t n,
-                                         DataType d, void* buf, const void* cbuf, double s, int div,
-                                         const Deadline& dl) {
-  { t.device_fusion_buffer(n) } -> std::same_as<std::byte*>;
-  t.device_pack(items, n, d, d, buf, s);
-  t.device_unpack(items, n, d, d, cbuf, s, div);
-  t.device_synchronize(dl, "device work");
-  { t.device() } -> std::convertible_to<int>;
-};
+concept DeviceFusionTransport = DeviceFusion<T>;
 
 // A range the engine may read (and write) after the call returns, until the handle completes:
 // a ContiguousBuffer (contiguous, sized, of a kolo element type) that outlives the call, i.e. an
@@ -135,8 +128,9 @@ template <class R>
 concept AsyncInOutBuffer =
     AsyncBuffer<R> && !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>;
 
-template <Transport T = MeshTransport>
+template <class T = DefaultTransport>
 class Engine {
+  static_assert(check_transport<T>());  // names the member T lacks (transport/transport.hpp)
   using clock = std::chrono::steady_clock;
 
  public:

@@ -65,7 +65,7 @@ struct DistributedOptions {
   std::string name_prefix = "kolo.optim/";
 };
 
-template <Optimizer Opt, Transport T = MeshTransport>
+template <Optimizer Opt, Transport T = DefaultTransport>
 class DistributedOptimizer {
  public:
   // Builds and owns an engine over `comm`.

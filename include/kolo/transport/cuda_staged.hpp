@@ -138,6 +138,20 @@ class CudaStagedTransport : public MeshTransport {
     agree(boot, "cuda-setup", err.empty() ? std::string("ok") : "!" + err);
   }
 
+  // The factory (transport.hpp, Connectable): route policy, mesh and CUDA variables, all read
+  // before the rendezvous.
+  struct Options {
+    RouteMode mode = RouteMode::routed;
+    MeshOptions mesh;
+    CudaOptions cuda;
+    static Options from_env(const EnvLookup& env) {
+      return {route_mode_from_env(env), MeshOptions::from_env(env), CudaOptions::from_env(env)};
+    }
+  };
+  static std::unique_ptr<CudaStagedTransport> connect(Bootstrap& boot, const Options& o) {
+    return std::make_unique<CudaStagedTransport>(boot, o.mode, o.mesh, o.cuda);
+  }
+
   CudaStagedTransport(const CudaStagedTransport&) = delete;
   CudaStagedTransport& operator=(const CudaStagedTransport&) = delete;
 
@@ -406,6 +420,6 @@ class CudaStagedTransport : public MeshTransport {
   }
 };
 
-static_assert(Transport<CudaStagedTransport>);
+static_assert(check_transport<CudaStagedTransport>());
 
 }  // namespace kolo

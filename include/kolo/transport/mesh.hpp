@@ -45,6 +45,7 @@
 #include "kolo/transport/mesh/shm_channel.hpp"
 #include "kolo/transport/mesh/tcp_channel.hpp"
 #include "kolo/transport/op_pool.hpp"
+#include "kolo/transport/route.hpp"
 #include "kolo/transport/transport.hpp"
 
 namespace kolo {
@@ -77,8 +78,22 @@ class MeshTransport {
         mode_(mode),
         opts_(opts),
         timeout_(boot.topology().timeout_seconds),
+        host_keys_(boot.host_keys()),
         peers_(static_cast<std::size_t>(boot.size())) {
     setup(boot);
+  }
+
+  // The factory (transport.hpp, Connectable): the route policy (KOLO_TRANSPORT) and the mesh's
+  // variables, read before the rendezvous, then the connections.
+  struct Options {
+    RouteMode mode = RouteMode::routed;
+    MeshOptions mesh;
+    static Options from_env(const EnvLookup& env) {
+      return {route_mode_from_env(env), MeshOptions::from_env(env)};
+    }
+  };
+  static std::unique_ptr<MeshTransport> connect(Bootstrap& boot, const Options& o) {
+    return std::make_unique<MeshTransport>(boot, o.mode, o.mesh);
   }
 
   MeshTransport(const MeshTransport&) = delete;
@@ -94,6 +109,15 @@ class MeshTransport {
   double timeout_seconds() const { return timeout_; }
   RouteMode mode() const { return mode_; }
   Route route(int peer) const { return peers_[static_cast<std::size_t>(peer)].route; }
+  // How rank a reaches rank b, the same answer on every rank (from the host keys and the policy).
+  Route route_between(int a, int b) const {
+    if (a == b) return Route::self;
+    if (mode_ == RouteMode::tcp_only) return Route::tcp;
+    if (host_keys_[static_cast<std::size_t>(a)] == host_keys_[static_cast<std::size_t>(b)]) {
+      return Route::shm;
+    }
+    return mode_ == RouteMode::routed ? Route::tcp : Route::shm;
+  }
   int local_peer_count() const { return static_cast<int>(local_ranks_); }
 
   // ---------------- posting ----------------
@@ -469,6 +493,7 @@ class MeshTransport {
   RouteMode mode_;
   MeshOptions opts_;
   double timeout_;
+  std::vector<std::string> host_keys_;  // every rank's, for route_between
   detail::PollLoop loop_;
   std::vector<Peer> peers_;
   detail::OpPool<detail::StreamOp> pool_;
@@ -484,6 +509,6 @@ class MeshTransport {
   std::string interrupt_why_;
 };
 
-static_assert(Transport<MeshTransport>);
+static_assert(check_transport<MeshTransport>());
 
 }  // namespace kolo

@@ -1135,7 +1135,7 @@ class MpiTransport {
   int abort_origin_ = -1;
 };
 
-static_assert(Transport<MpiTransport>);
+static_assert(check_transport<MpiTransport>());
 
 // MpiTransport plus MPI's own collectives: Communicator<MpiNativeTransport> calls these (see the
 // HasNative* concepts in communicator.hpp) and falls back to kolo's algorithms over the same
@@ -1284,6 +1284,6 @@ class MpiNativeTransport : public MpiTransport {
   }
 };
 
-static_assert(Transport<MpiNativeTransport>);
+static_assert(check_transport<MpiNativeTransport>());
 
 }  // namespace kolo

@@ -181,6 +181,12 @@ class NcclTransport : public CudaStagedTransport {
     }
   }
 
+  // The factory (transport.hpp, Connectable): the staged transport's options.
+  using Options = CudaStagedTransport::Options;
+  static std::unique_ptr<NcclTransport> connect(Bootstrap& boot, const Options& o) {
+    return std::make_unique<NcclTransport>(boot, o.mode, o.mesh, o.cuda);
+  }
+
   NcclTransport(const NcclTransport&) = delete;
   NcclTransport& operator=(const NcclTransport&) = delete;
 
@@ -391,7 +397,7 @@ class NcclTransport : public CudaStagedTransport {
     });
     std::byte* h = host_.reserve(shard * es, "hierarchical staging");
     to_host(h, mine, shard * es, o);
-    GroupView<CudaStagedTransport> cross(*this, groups_.cross);
+    GroupView cross(*this, groups_.cross);
     if (op == ReduceOp::average) {
       // The average over every rank: sum across hosts here, divide once on the host.
       allreduce_ring(cross, h, h, shard, d, ReduceOp::sum, o);
@@ -416,6 +422,6 @@ class NcclTransport : public CudaStagedTransport {
   int nccl_rank_ = 0;
 };
 
-static_assert(Transport<NcclTransport>);
+static_assert(check_transport<NcclTransport>());
 
 }  // namespace kolo

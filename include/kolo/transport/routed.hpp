@@ -14,18 +14,18 @@ class RoutedTransport : public MeshTransport {
   static constexpr const char* name = "routed";
   explicit RoutedTransport(Bootstrap& boot, MeshOptions opts = MeshOptions::from_env())
       : MeshTransport(boot, RouteMode::routed, opts) {}
+
+  // The factory (transport.hpp, Connectable): the route policy is the type's, so KOLO_TRANSPORT
+  // is not read; the mesh's own variables are.
+  struct Options {
+    MeshOptions mesh;
+    static Options from_env(const EnvLookup& env) { return {MeshOptions::from_env(env)}; }
+  };
+  static std::unique_ptr<RoutedTransport> connect(Bootstrap& boot, const Options& o) {
+    return std::make_unique<RoutedTransport>(boot, o.mesh);
+  }
 };
 
-static_assert(Transport<RoutedTransport>);
-
-// The route policy named by KOLO_TRANSPORT (shm, tcp, routed; default routed), for programs
-// that choose at run time: `MeshTransport t(boot, route_mode_from_env());`.
-inline RouteMode route_mode_from_env(const EnvLookup& env = process_env()) {
-  const auto v = config::get_text(env, config::vars::transport);
-  if (!v || *v == "routed" || *v == "auto") return RouteMode::routed;
-  if (*v == "shm") return RouteMode::shm_only;
-  if (*v == "tcp") return RouteMode::tcp_only;
-  throw ConfigError("KOLO_TRANSPORT=" + *v + " is not one of shm, tcp, routed");
-}
+static_assert(check_transport<RoutedTransport>());
 
 }  // namespace kolo

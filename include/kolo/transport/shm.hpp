@@ -13,8 +13,18 @@ class ShmTransport : public MeshTransport {
   static constexpr const char* name = "shm";
   explicit ShmTransport(Bootstrap& boot, MeshOptions opts = MeshOptions::from_env())
       : MeshTransport(boot, RouteMode::shm_only, opts) {}
+
+  // The factory (transport.hpp, Connectable): the route policy is the type's, so KOLO_TRANSPORT
+  // is not read; the mesh's own variables are.
+  struct Options {
+    MeshOptions mesh;
+    static Options from_env(const EnvLookup& env) { return {MeshOptions::from_env(env)}; }
+  };
+  static std::unique_ptr<ShmTransport> connect(Bootstrap& boot, const Options& o) {
+    return std::make_unique<ShmTransport>(boot, o.mesh);
+  }
 };
 
-static_assert(Transport<ShmTransport>);
+static_assert(check_transport<ShmTransport>());
 
 }  // namespace kolo

@@ -13,8 +13,18 @@ class TcpTransport : public MeshTransport {
   static constexpr const char* name = "tcp";
   explicit TcpTransport(Bootstrap& boot, MeshOptions opts = MeshOptions::from_env())
       : MeshTransport(boot, RouteMode::tcp_only, opts) {}
+
+  // The factory (transport.hpp, Connectable): the route policy is the type's, so KOLO_TRANSPORT
+  // is not read; the mesh's own variables are.
+  struct Options {
+    MeshOptions mesh;
+    static Options from_env(const EnvLookup& env) { return {MeshOptions::from_env(env)}; }
+  };
+  static std::unique_ptr<TcpTransport> connect(Bootstrap& boot, const Options& o) {
+    return std::make_unique<TcpTransport>(boot, o.mesh);
+  }
 };
 
-static_assert(Transport<TcpTransport>);
+static_assert(check_transport<TcpTransport>());
 
 }  // namespace kolo

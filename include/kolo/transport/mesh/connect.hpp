@@ -42,18 +42,10 @@
 #include "kolo/net/socket.hpp"
 #include "kolo/topology/bootstrap.hpp"
 #include "kolo/transport/mesh/shm_channel.hpp"
+#include "kolo/transport/route.hpp"
 #include "kolo/transport/mesh/tcp_channel.hpp"
 
 namespace kolo {
-
-// How a peer is reached.
-enum class Route : std::uint8_t { self, shm, tcp };
-// Which routes a mesh may use: ShmTransport, TcpTransport, RoutedTransport.
-enum class RouteMode : std::uint8_t { shm_only, tcp_only, routed };
-
-inline const char* route_name(Route r) {
-  return r == Route::shm ? "shm" : r == Route::tcp ? "tcp" : "self";
-}
 
 namespace detail {
 

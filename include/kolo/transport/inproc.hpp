@@ -1,9 +1,14 @@
-// inproc_transport.hpp — a kolo::Transport whose ranks are threads of one process.
+// kolo/transport/inproc.hpp — InprocTransport: a Transport whose ranks are threads of one
+// process (Gloo's test style).
 //
-// For micro-benchmarks of the algorithms alone (micro_ring.cpp): no sockets, no shared-memory
-// slots, no process boundary, so what remains is the ring driver's own cost — segmenting,
-// request bookkeeping, the pipeline's fill and drain — plus the one unavoidable pass over the
-// data. Messages rendezvous: a send only queues a pointer, and the receiving thread copies or
+// For testing the algorithms alone, every rank count in one process, under ASan and TSan
+// (tests/inproc), and for micro-benchmarks of them (benchmarks/micro_ring.cpp): no sockets, no
+// shared-memory slots, no process boundary, so what remains is the algorithms' own work — plus
+// the one unavoidable pass over the data. It is a complete transport (transport.hpp): threads
+// build `Communicator<InprocTransport>(std::make_unique<InprocTransport>(fabric, rank), opts)`
+// and run every collective through the Selector as processes do.
+//
+// Messages rendezvous: a send only queues a pointer, and the receiving thread copies or
 // reduces straight out of the sender's buffer (the zero-copy ideal that a CMA/XPMEM transport
 // would reach between processes), then completes the send. Completion per peer and direction
 // is in posting order, as the Transport concept requires, so a request is just a sequence
@@ -12,6 +17,12 @@
 // Waiting spins briefly when every rank has its own core and otherwise sleeps on a condition
 // variable, for the same reason MeshTransport does: a spinning thread would steal the core its
 // peer needs to produce the data.
+//
+// Errors: a mismatched message (signature or size), a timeout, or abort() on any rank aborts the
+// fabric; every rank's next call (or its current wait) throws that error, as a mesh rank would.
+// Because a receiver reads straight from the sender's buffer, an algorithm that changes a send
+// buffer before the send completes gets wrong results here (where a copying transport would
+// hide it): the contract says the buffer stays valid and unchanged until then.
 #pragma once
 
 #include <atomic>
@@ -25,25 +36,27 @@
 #include <thread>
 #include <vector>
 
-#include <kolo/core/deadline.hpp>
-#include <kolo/core/error.hpp>
-#include <kolo/core/signature.hpp>
-#include <kolo/transport/transport.hpp>
+#include "kolo/core/deadline.hpp"
+#include "kolo/core/error.hpp"
+#include "kolo/core/signature.hpp"
+#include "kolo/transport/transport.hpp"
 
-namespace kolo::bench {
+namespace kolo {
 
 class InprocTransport;
 
-// What the threads of one in-process job share: one inbox per rank.
+// What the threads of one in-process job share: one inbox per rank, and the job's error.
 class InprocFabric {
  public:
   explicit InprocFabric(int size, double timeout_seconds = 60.0)
       : size_(size), timeout_(timeout_seconds) {
+    if (size < 1) throw ConfigError("InprocFabric: size " + std::to_string(size) + " < 1");
     for (int r = 0; r < size; ++r) ranks_.push_back(std::make_unique<RankBox>(size));
     spin_ = static_cast<unsigned>(size) <= std::max(1u, std::thread::hardware_concurrency());
   }
 
   int size() const { return size_; }
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
  private:
   friend class InprocTransport;
@@ -85,8 +98,17 @@ class InprocFabric {
 
   void rethrow_if_aborted() {
     if (!aborted_.load(std::memory_order_acquire)) return;
-    std::lock_guard<std::mutex> lk(err_mu_);
-    throw_error(kind_, what_);
+    rethrow();
+  }
+  [[noreturn]] void rethrow() {
+    ErrorKind kind;
+    std::string what;
+    {
+      std::lock_guard<std::mutex> lk(err_mu_);
+      kind = kind_;
+      what = what_;
+    }
+    throw_error(kind, what);
   }
 
   int size_;
@@ -107,8 +129,9 @@ class InprocTransport {
     std::uint64_t seq = 0;
   };
 
+  // Rank `rank` of the fabric's job; one transport per rank, each used by one thread at a time.
   InprocTransport(InprocFabric& fabric, int rank)
-      : f_(fabric),
+      : f_(check_rank(fabric, rank)),
         me_(fabric.box(rank)),
         rank_(rank),
         sends_posted_(static_cast<std::size_t>(fabric.size()), 0),
@@ -163,8 +186,18 @@ class InprocTransport {
   }
 
   void abort(const Error& e) { f_.abort(e); }
+  bool aborted() const { return f_.aborted(); }
+  [[noreturn]] void rethrow() const { f_.rethrow(); }
 
  private:
+  static InprocFabric& check_rank(InprocFabric& f, int rank) {
+    if (rank < 0 || rank >= f.size()) {
+      throw ConfigError("InprocTransport: rank " + std::to_string(rank) +
+                        " is not a rank of a fabric of size " + std::to_string(f.size()));
+    }
+    return f;
+  }
+
   struct PendingRecv {
     std::byte* dst;
     const std::byte* local;  // nullptr: plain copy
@@ -276,6 +309,6 @@ class InprocTransport {
   std::uint64_t seen_ = 0;
 };
 
-static_assert(Transport<InprocTransport>);
+static_assert(check_transport<InprocTransport>());
 
-}  // namespace kolo::bench
+}  // namespace kolo

@@ -1,0 +1,215 @@
+// The transport contract (transport/transport.hpp): which layers each transport models, that
+// Communicator compiles over every one of them (ShmTransport, TcpTransport, RoutedTransport,
+// MeshTransport through their factory; MPI and the in-process transport adopted), and that the
+// in-process transport drives a whole Communicator: the collectives without a registry
+// (reduce, gather, scatter, alltoallv, barrier), point-to-point, and errors that reach every
+// rank. A compile-time test (CMake, inproc/contract/static_assert_names_the_member) checks that
+// a transport missing a member is refused with a message naming it.
+#include "inproc_harness.hpp"
+
+#include <kolo/kolo.hpp>
+#include <kolo/transport/transport_ref.hpp>
+
+namespace {
+
+// What each transport is, stated at compile time.
+static_assert(kolo::Transport<kolo::InprocTransport> && !kolo::Connectable<kolo::InprocTransport>);
+static_assert(kolo::Transport<kolo::TransportRef>);
+static_assert(kolo::Connectable<kolo::MeshTransport> && kolo::HasPeerRoutes<kolo::MeshTransport>);
+static_assert(kolo::Connectable<kolo::ShmTransport> && kolo::Connectable<kolo::TcpTransport> &&
+              kolo::Connectable<kolo::RoutedTransport>);
+static_assert(!kolo::HasNativeAllreduce<kolo::MeshTransport> &&
+              !kolo::AcceptsDeviceBuffers<kolo::MeshTransport>);
+
+}  // namespace
+
+// Communicator over every connectable transport instantiates (README advertises
+// Communicator<ShmTransport>; the multi-process suites run them), and over an adopted one.
+template class kolo::Communicator<kolo::ShmTransport>;
+template class kolo::Communicator<kolo::TcpTransport>;
+template class kolo::Communicator<kolo::RoutedTransport>;
+template class kolo::Communicator<kolo::MeshTransport>;
+template class kolo::Communicator<kolo::InprocTransport>;
+
+TEST_CASE("contract: the in-process transport runs reduce, gather, scatter, alltoallv, barrier") {
+  for (int n : {1, 2, 3, 5, 8}) {
+    CAPTURE(n);
+    inproc::Failures f;
+    inproc::run_ranks(n, [&](inproc::Comm& c, int r) {
+      const std::string at = "rank " + std::to_string(r) + "/" + std::to_string(n);
+      c.barrier();
+      for (std::size_t count : {std::size_t{0}, std::size_t{7}, std::size_t{100000}}) {
+        for (int root : {0, n - 1}) {
+          std::vector<std::int64_t> in(count), out(count, -1);
+          for (std::size_t i = 0; i < count; ++i) in[i] = (r + 1) * static_cast<std::int64_t>(i);
+          c.reduce(kolo::TensorView(in.data(), count, kolo::DataType::int64),
+                   kolo::TensorView(out.data(), count, kolo::DataType::int64), kolo::ReduceOp::sum,
+                   root);
+          if (r == root) {
+            for (std::size_t i = 0; i < count; ++i) {
+              if (out[i] !=
+                  static_cast<std::int64_t>(n * (n + 1) / 2) * static_cast<std::int64_t>(i)) {
+                f.add(at + ": reduce element " + std::to_string(i));
+                break;
+              }
+            }
+          }
+          std::vector<std::int32_t> mine(count), all(count * static_cast<std::size_t>(n), -1);
+          for (std::size_t i = 0; i < count; ++i) mine[i] = inproc::gather_value(r, i);
+          c.gather(kolo::TensorView(mine.data(), count, kolo::DataType::int32),
+                   kolo::TensorView(all.data(), all.size(), kolo::DataType::int32), root);
+          if (r == root) {
+            for (std::size_t k = 0; k < all.size(); ++k) {
+              if (all[k] != inproc::gather_value(static_cast<int>(k / count), k % count)) {
+                f.add(at + ": gather element " + std::to_string(k));
+                break;
+              }
+            }
+          }
+          std::vector<std::int32_t> got(count, -1);
+          c.scatter(kolo::TensorView(all.data(), all.size(), kolo::DataType::int32),
+                    kolo::TensorView(got.data(), count, kolo::DataType::int32), root);
+          if (got != mine) f.add(at + ": scatter from " + std::to_string(root));
+        }
+      }
+      // alltoallv: rank r sends q+1 elements to rank q (some of them empty for q = ... none),
+      // and receives r+1 from everyone.
+      std::vector<std::size_t> sc(static_cast<std::size_t>(n)), rc(static_cast<std::size_t>(n));
+      std::vector<std::int32_t> in,
+          out(static_cast<std::size_t>(n) * static_cast<std::size_t>(r + 1), -1);
+      for (int q = 0; q < n; ++q) {
+        sc[static_cast<std::size_t>(q)] = static_cast<std::size_t>((q + r) % 3);
+        rc[static_cast<std::size_t>(q)] = static_cast<std::size_t>((r + q) % 3);
+        for (std::size_t k = 0; k < sc[static_cast<std::size_t>(q)]; ++k)
+          in.push_back(inproc::a2a_value(r, q, k));
+      }
+      std::size_t total = 0;
+      for (auto x : rc) total += x;
+      out.assign(total, -1);
+      c.alltoallv(kolo::TensorView(in.data(), in.size(), kolo::DataType::int32), sc,
+                  kolo::TensorView(out.data(), out.size(), kolo::DataType::int32), rc);
+      std::size_t at_k = 0;
+      for (int q = 0; q < n; ++q) {
+        for (std::size_t k = 0; k < rc[static_cast<std::size_t>(q)]; ++k, ++at_k) {
+          if (out[at_k] != inproc::a2a_value(q, r, k))
+            f.add(at + ": alltoallv from " + std::to_string(q));
+        }
+      }
+      c.barrier();
+    });
+    CHECK_MESSAGE(f.count() == 0, f.text());
+  }
+}
+
+TEST_CASE("contract: point-to-point over the in-process transport, several messages in flight") {
+  for (int n : {2, 3, 6}) {
+    CAPTURE(n);
+    inproc::Failures f;
+    inproc::run_ranks(n, [&](inproc::Comm& c, int r) {
+      const int right = (r + 1) % n, left = (r + n - 1) % n;
+      std::vector<std::vector<double>> sent(4), got(4);
+      std::vector<inproc::Comm::P2PRequest> reqs;
+      for (int k = 0; k < 4; ++k) {
+        sent[k].assign(static_cast<std::size_t>(1000 * k + 1), r * 10.0 + k);
+        got[k].assign(sent[k].size(), -1);
+        reqs.push_back(c.irecv(
+            kolo::TensorView(got[k].data(), got[k].size(), kolo::DataType::float64), left, k));
+        reqs.push_back(c.isend(
+            kolo::TensorView(sent[k].data(), sent[k].size(), kolo::DataType::float64), right, k));
+      }
+      for (auto& q : reqs) c.wait(q);
+      for (int k = 0; k < 4; ++k) {
+        for (double v : got[k]) {
+          if (v != left * 10.0 + k) {
+            f.add("rank " + std::to_string(r) + ": message " + std::to_string(k));
+            break;
+          }
+        }
+      }
+    });
+    CHECK_MESSAGE(f.count() == 0, f.text());
+  }
+}
+
+TEST_CASE("contract: an error on one rank reaches every rank, as the same error") {
+  for (int n : {2, 4, 7}) {
+    CAPTURE(n);
+    std::vector<std::string> what(static_cast<std::size_t>(n));
+    std::vector<int> kind(static_cast<std::size_t>(n), -1);
+    inproc::run_ranks(n, [&](inproc::Comm& c, int r) {
+      // Rank 1 (or 0) disagrees on the count: a MismatchError, on every rank.
+      std::vector<float> v(r == n - 1 ? 999 : 1000, 1.0f);
+      try {
+        c.allreduce(v);
+      } catch (const kolo::MismatchError& e) {
+        what[static_cast<std::size_t>(r)] = e.what();
+        kind[static_cast<std::size_t>(r)] = 1;
+      } catch (const kolo::Error& e) {
+        what[static_cast<std::size_t>(r)] = e.what();
+        kind[static_cast<std::size_t>(r)] = 2;
+      }
+      // Afterwards every call throws the stored error.
+      try {
+        c.barrier();
+        what[static_cast<std::size_t>(r)] += " | barrier passed";
+      } catch (const kolo::MismatchError&) {
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CAPTURE(what[static_cast<std::size_t>(r)]);
+      CHECK(kind[static_cast<std::size_t>(r)] == 1);
+      CHECK(what[static_cast<std::size_t>(r)].find("barrier passed") == std::string::npos);
+    }
+  }
+  // A local argument error on one rank (a bad root) aborts the others instead of leaving them
+  // waiting: every rank throws a ConfigError naming the root (the root of the others' broadcast
+  // may finish it first, having sent everything; then its next call throws).
+  const int n = 3;
+  std::vector<std::string> what(n);
+  inproc::run_ranks(n, [&](inproc::Comm& c, int r) {
+    std::vector<std::int32_t> v(10, r);
+    try {
+      c.broadcast(v, r == 2 ? 7 : 0);
+      c.barrier();
+    } catch (const kolo::ConfigError& e) {
+      what[static_cast<std::size_t>(r)] = e.what();
+    } catch (const kolo::Error& e) {
+      what[static_cast<std::size_t>(r)] = std::string("other error: ") + e.what();
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(what[static_cast<std::size_t>(r)]);
+    CHECK(what[static_cast<std::size_t>(r)].find("root 7") != std::string::npos);
+  }
+}
+
+TEST_CASE("contract: a GroupView is a TransportRef over a subset, and groups nest") {
+  const int n = 6;
+  inproc::Failures f;
+  inproc::run_ranks(n, [&](inproc::Comm& c, int r) {
+    kolo::TransportRef t(c.transport());
+    // Even ranks, then every other of those (0 and 4): an allreduce on each.
+    if (r % 2 != 0) return;
+    kolo::GroupView evens(t, {0, 2, 4});
+    std::vector<std::int32_t> v(5, r + 1);
+    kolo::AlgoOptions opt;
+    opt.sig.collective = kolo::Collective::user;
+    kolo::allreduce_ring(evens, v.data(), v.data(), v.size(), kolo::DataType::int32,
+                         kolo::ReduceOp::sum, opt);
+    for (auto x : v) {
+      if (x != 1 + 3 + 5) f.add("evens: rank " + std::to_string(r) + " got " + std::to_string(x));
+    }
+    if (r == 2) return;
+    kolo::GroupView ends(evens, {0, 2});  // group ranks 0 and 2 of evens: ranks 0 and 4
+    if (ends.global(1) != 4)
+      f.add("nested group maps group rank 1 to " + std::to_string(ends.global(1)));
+    std::vector<std::int32_t> w(3, r);
+    kolo::allreduce_halving_doubling(ends, w.data(), w.data(), w.size(), kolo::DataType::int32,
+                                     kolo::ReduceOp::max, opt);
+    for (auto x : w) {
+      if (x != 4) f.add("ends: rank " + std::to_string(r) + " got " + std::to_string(x));
+    }
+  });
+  CHECK_MESSAGE(f.count() == 0, f.text());
+}
