@@ -13,12 +13,15 @@
 // on all three alike. Each repeat gives the ratio fused / one; the median of the repeats and the
 // worst are printed (target <= 1.2). The results are checked after the timed steps (exact
 // small-integer sums). Exit 1 on a wrong element, 2 on bad arguments.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,13 +36,15 @@ struct Args {
   long iters = 20;
   long warmup = 3;
   long repeats = 5;
+  bool flat = false;  // --layout flat: the tensors are views into one buffer, back to back
   std::string transport;
   std::string json;
 };
 
 constexpr const char* kUsage =
     "Usage: kolo-fusion-bench [--tensors N] [--tensor-bytes SIZE] [-n ITERS] [-w WARMUP]\n"
-    "                         [-r REPEATS] [--transport shm|tcp|routed] [-J FILE]\n"
+    "                         [-r REPEATS] [--layout separate|flat] [--transport shm|tcp|routed]\n"
+    "                         [-J FILE]\n"
     "                         (under kolo-run)\n";
 
 std::size_t parse_bytes(const std::string& s) {
@@ -71,6 +76,9 @@ Args parse(int argc, char** argv) {
     } else if (k == "--transport") {
       if (v != "shm" && v != "tcp" && v != "routed") throw std::invalid_argument(v);
       a.transport = v;
+    } else if (k == "--layout") {
+      if (v != "separate" && v != "flat") throw std::invalid_argument("--layout " + v);
+      a.flat = v == "flat";
     } else if (k == "-J") {
       a.json = v;
     } else {
@@ -88,6 +96,16 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Cycles run by a thread waiting for its handles (0 for an engine that has no such count).
+template <class Stats>
+std::uint64_t driven_cycles(const Stats& s) {
+  if constexpr (requires { s.driven_cycles; }) {
+    return s.driven_cycles;
+  } else {
+    return 0;
+  }
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t m = v.size() / 2;
@@ -95,11 +113,11 @@ double median(std::vector<double> v) {
 }
 
 // Small integers: every sum over the ranks is exact in float32.
-void fill(std::vector<float>& v, int rank) {
+void fill(std::span<float> v, int rank) {
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i + 3 * rank) % 7);
 }
 
-std::size_t count_wrong(const std::vector<float>& v, int n) {
+std::size_t count_wrong(std::span<const float> v, int n) {
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < v.size(); ++i) {
     float expect = 0;
@@ -138,7 +156,18 @@ int main(int argc, char** argv) {
     // whatever else the machine does falls on all of them alike; each repeat gives a ratio.
     std::vector<float> big(total);
     fill(big, me);
-    std::vector<std::vector<float>> grads(a.tensors, std::vector<float>(per));
+    // Separate allocations (the engine packs them into its fusion buffer and unpacks them), or
+    // views into one buffer, back to back (the engine reduces them where they are).
+    std::vector<std::vector<float>> separate;
+    std::vector<float> flat;
+    std::vector<std::span<float>> grads;
+    if (a.flat) {
+      flat.resize(total);
+      for (std::size_t k = 0; k < a.tensors; ++k) grads.emplace_back(flat.data() + k * per, per);
+    } else {
+      separate.assign(a.tensors, std::vector<float>(per));
+      for (auto& g : separate) grads.emplace_back(g);
+    }
     std::vector<std::string> names;
     for (std::size_t k = 0; k < a.tensors; ++k) names.push_back("grad." + std::to_string(k));
     std::vector<kolo::Handle> handles(a.tensors);
@@ -148,7 +177,7 @@ int main(int argc, char** argv) {
     };
     auto step = [&] {
       for (std::size_t k = 0; k < a.tensors; ++k) {
-        handles[k] = engine.allreduce_async(names[k], kolo::TensorView(std::span<float>(grads[k])));
+        handles[k] = engine.allreduce_async(names[k], kolo::TensorView(grads[k]));
       }
       for (auto& h : handles) h.wait();
     };
@@ -157,11 +186,34 @@ int main(int argc, char** argv) {
       engine1();
       step();
     }
-    auto timed = [&](auto&& body) {
+    // Besides the wall time: this process's CPU time (all threads) and its voluntary context
+    // switches (a thread went to sleep: waiting for a peer or for another thread), per step.
+    // Both depend far less on what else the machine runs than the wall time does.
+    struct Usage {
+      double cpu_us = 0, sleeps = 0;
+    };
+    auto usage_now = [] {
+      rusage u{};
+      ::getrusage(RUSAGE_SELF, &u);
+      Usage x;
+      x.cpu_us = (static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e6 +
+                  static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec));
+      x.sleeps = static_cast<double>(u.ru_nvcsw);
+      return x;
+    };
+    Usage one_use, fused_use;
+    auto timed = [&](auto&& body, Usage* use) {
       ref.barrier();
+      const Usage u0 = usage_now();
       const auto t0 = std::chrono::steady_clock::now();
       for (long i = 0; i < a.iters; ++i) body();
-      return mean_us(seconds_since(t0), a.iters);
+      const double secs = seconds_since(t0);
+      const Usage u1 = usage_now();
+      if (use) {
+        use->cpu_us += (u1.cpu_us - u0.cpu_us) / static_cast<double>(a.iters);
+        use->sleeps += (u1.sleeps - u0.sleeps) / static_cast<double>(a.iters);
+      }
+      return mean_us(secs, a.iters);
     };
     std::vector<double> ones, engine1s, fuseds, ratios;
     std::uint64_t fused_collectives = 0, cycles = 0, driven = 0;
@@ -170,18 +222,18 @@ int main(int argc, char** argv) {
       for (int k = 0; k < 3; ++k) {
         switch ((k + rep) % 3) {
           case 0:
-            o = timed(one);
+            o = timed(one, &one_use);
             break;
           case 1:
-            e1 = timed(engine1);
+            e1 = timed(engine1, nullptr);
             break;
           default: {
             const kolo::EngineStats before = engine.stats();
-            f = timed(step);
+            f = timed(step, &fused_use);
             const kolo::EngineStats after = engine.stats();
             fused_collectives += after.fused_collectives - before.fused_collectives;
             cycles += after.cycles - before.cycles;
-            driven += after.driven_cycles - before.driven_cycles;
+            driven += driven_cycles(after) - driven_cycles(before);
           }
         }
       }
@@ -197,6 +249,11 @@ int main(int argc, char** argv) {
     const double collectives_per_step = static_cast<double>(fused_collectives) / steps;
     const double cycles_per_step = static_cast<double>(cycles) / steps;
     const double driven_per_step = static_cast<double>(driven) / steps;
+    // Means over the repeats, then over the ranks.
+    double use[4] = {one_use.cpu_us, one_use.sleeps, fused_use.cpu_us, fused_use.sleeps};
+    for (double& x : use) x /= static_cast<double>(a.repeats);
+    ref.allreduce(std::span<double>(use, 4), kolo::ReduceOp::sum);
+    for (double& x : use) x /= n;
 
     // Check: fresh inputs, one more of each, exact sums.
     std::size_t wrong = 0;
@@ -206,16 +263,18 @@ int main(int argc, char** argv) {
     fill(big, me);
     engine.allreduce_async("big", kolo::TensorView(std::span<float>(big))).wait();
     wrong += count_wrong(big, n);
-    for (auto& g : grads) fill(g, me);
+    for (auto g : grads) fill(g, me);
     step();
-    for (const auto& g : grads) wrong += count_wrong(g, n);
+    for (const auto g : grads) wrong += count_wrong(g, n);
     double w = static_cast<double>(wrong);
     ref.allreduce(std::span<double>(&w, 1), kolo::ReduceOp::sum);
 
     if (me == 0) {
       const char* route = std::getenv("KOLO_TRANSPORT");
-      std::printf("# kolo-fusion-bench: %zu tensors x %zu B float32 sum vs one %zu B allreduce\n",
-                  a.tensors, a.tensor_bytes, total * sizeof(float));
+      std::printf(
+          "# kolo-fusion-bench: %zu tensors x %zu B float32 sum (%s) vs one %zu B allreduce\n",
+          a.tensors, a.tensor_bytes, a.flat ? "views into one buffer" : "separate allocations",
+          total * sizeof(float));
       std::printf(
           "# ranks %d, transport %s, iters %ld, warmup %ld, repeats %ld (interleaved); time = "
           "mean per step, averaged across ranks, median of the repeats\n",
@@ -227,19 +286,25 @@ int main(int argc, char** argv) {
           "the waiting thread)\n",
           "fused: all tensors, Engine", fused_us, collectives_per_step, cycles_per_step,
           driven_per_step);
+      std::printf(
+          "# per step and rank: CPU %.0f us one, %.0f us fused (%.2fx); sleeps %.1f one, %.1f "
+          "fused\n",
+          use[0], use[2], use[2] / use[0], use[1], use[3]);
       std::printf("# fused / one : %.3f median, %.3f worst of %ld (target <= 1.2)\n", ratio, worst,
                   a.repeats);
       std::printf("# Out of bounds values : %.0f %s\n", w, w > 0 ? "FAILED" : "OK");
       if (!a.json.empty()) {
         std::ofstream f(a.json);
         f << "{\"tool\": \"kolo-fusion-bench\", \"ranks\": " << n << ", \"transport\": \""
-          << (route ? route : "routed") << "\", \"tensors\": " << a.tensors
-          << ", \"tensor_bytes\": " << a.tensor_bytes << ", \"repeats\": " << a.repeats
-          << ", \"one_us\": " << one_us << ", \"engine_one_us\": " << engine1_us
-          << ", \"fused_us\": " << fused_us
+          << (route ? route : "routed") << "\", \"layout\": \"" << (a.flat ? "flat" : "separate")
+          << "\", \"tensors\": " << a.tensors << ", \"tensor_bytes\": " << a.tensor_bytes
+          << ", \"repeats\": " << a.repeats << ", \"one_us\": " << one_us
+          << ", \"engine_one_us\": " << engine1_us << ", \"fused_us\": " << fused_us
           << ", \"collectives_per_step\": " << collectives_per_step
           << ", \"cycles_per_step\": " << cycles_per_step
-          << ", \"driven_cycles_per_step\": " << driven_per_step << ", \"ratio\": " << ratio
+          << ", \"driven_cycles_per_step\": " << driven_per_step << ", \"one_cpu_us\": " << use[0]
+          << ", \"fused_cpu_us\": " << use[2] << ", \"one_sleeps\": " << use[1]
+          << ", \"fused_sleeps\": " << use[3] << ", \"ratio\": " << ratio
           << ", \"worst_ratio\": " << worst << ", \"ratios\": [";
         for (std::size_t i = 0; i < ratios.size(); ++i) f << (i ? ", " : "") << ratios[i];
         f << "], \"wrong\": " << w << "}\n";

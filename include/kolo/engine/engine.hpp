@@ -111,8 +111,9 @@ struct EngineStats {
   std::uint64_t cached_responses = 0;
   std::uint64_t uncached_responses = 0;
   std::uint64_t fused_collectives = 0;
-  std::uint64_t driven_cycles = 0;  // cycles run by a thread waiting in Handle::wait()
-  double negotiation_seconds = 0;   // time spent agreeing, not moving tensors
+  std::uint64_t direct_collectives = 0;  // fused ones on the tensors' own memory (no copies)
+  std::uint64_t driven_cycles = 0;       // cycles run by a thread waiting in Handle::wait()
+  double negotiation_seconds = 0;        // time spent agreeing, not moving tensors
 };
 
 // A transport that takes device tensors and packs fused batches of them on the GPU
@@ -149,6 +150,7 @@ class Engine {
   explicit Engine(Communicator<T> comm, EngineOptions opts = EngineOptions::from_env())
       : comm_(std::move(comm)), opts_(std::move(opts)) {
     if (!opts_.timeline.empty() && comm_.rank() == 0) timeline_.open(opts_.timeline, 0);
+    stamp_each_ = timeline_.enabled();
     driver_->engine = this;
     driver_->run = [](void* e, detail::HandleState& h) { static_cast<Engine*>(e)->drive(h); };
     thread_ = std::thread([this] { loop(); });
@@ -175,7 +177,7 @@ class Engine {
     p.prescale = prescale;
     p.postscale = postscale;
     if (op == ReduceOp::average) p.join_average = opts_.join_average;
-    return enqueue(name, tensor, output.data ? output : tensor, p);
+    return enqueue(name, tensor, output.data ? output : tensor, std::move(p));
   }
   // The same, in place on any contiguous range that outlives the handle (std::vector<float>&,
   // std::array, std::span, a user type modelling std::ranges::contiguous_range).
@@ -201,7 +203,7 @@ class Engine {
       p.group = group;
       p.group_size = static_cast<std::uint32_t>(tensors.size());
       if (op == ReduceOp::average) p.join_average = opts_.join_average;
-      out.push_back(enqueue(name, t, t, p));
+      out.push_back(enqueue(name, t, t, std::move(p)));
     }
     return out;
   }
@@ -212,7 +214,7 @@ class Engine {
     p.kind = OpKind::allgather;
     p.dtype = tensor.dtype;
     p.count = tensor.count;
-    return enqueue(name, tensor, tensor, p);
+    return enqueue(name, tensor, tensor, std::move(p));
   }
   template <AsyncBuffer R>
   Handle allgather_async(std::string_view name, R&& tensor) {
@@ -226,7 +228,7 @@ class Engine {
     p.dtype = tensor.dtype;
     p.count = tensor.count;
     p.root = root;
-    return enqueue(name, tensor, tensor, p);
+    return enqueue(name, tensor, tensor, std::move(p));
   }
   template <AsyncInOutBuffer R>
   Handle broadcast_async(std::string_view name, R&& tensor, int root = 0) {
@@ -290,7 +292,8 @@ class Engine {
     TensorView in, out;
     RequestParams p;
     clock::time_point enqueued, ready;
-    int cache_slot = -1;  // >= 0: it waits in that cache slot; -1: in pending_, by name
+    std::uint64_t seq = 0;  // submission order on this rank (oldest first in messages)
+    int cache_slot = -1;    // >= 0: it waits in that cache slot; -1: in pending_, by name
   };
   // A name every rank has negotiated before, with the parameters they agreed on. A steady-state
   // submission finds its slot with one hash lookup at intake and is a slot number from then on:
@@ -341,11 +344,9 @@ class Engine {
     Response r;
   };
 
-  Handle enqueue(std::string_view name, TensorView in, TensorView out,
-                 const RequestParams& params) {
+  Handle enqueue(std::string_view name, TensorView in, TensorView out, RequestParams p) {
     auto state = detail::make_handle_state();
     state->output = out;
-    RequestParams p = params;
     const bool on_device = in.device.kind == Device::Kind::cuda;
     if (on_device != (out.device.kind == Device::Kind::cuda)) {
       throw ConfigError("engine: tensor '" + std::string(name) +
@@ -396,9 +397,15 @@ class Engine {
       throw ConfigError("engine: tensor '" + std::string(name) + "': broadcast root " +
                         std::to_string(p.root) + " is not a rank");
     }
-    state->driver = driver_;
+    // A waiting thread may run the cycles of a host engine. Not of a device engine: its
+    // transport selects the CUDA device on the calling thread, which would change the
+    // waiter's current device behind its back.
+    if constexpr (!DeviceFusionTransport<T>) state->driver = driver_;
     Handle h(state);
-    const auto now = clock::now();
+    // The submission time serves the timeline (NEGOTIATE starts here); otherwise the engine
+    // stamps a whole inbox with the time it takes it, which is precise enough for the stall
+    // inspector and saves a clock read per tensor.
+    const auto now = stamp_each_ ? clock::now() : clock::time_point{};
     bool wake = false;
     {
       std::lock_guard lock(mu_);
@@ -408,11 +415,18 @@ class Engine {
       // thread swaps them with its own pair): no allocation once a step's size has been seen.
       // The engine thread sleeps until the inbox holds wake_at_ submissions (1, the rest of a
       // step, or never: see wake_threshold): one wake-up per step at most, not one per tensor.
-      if (inbox_.empty()) inbox_since_ = now;
+      if (inbox_.empty()) inbox_since_ = stamp_each_ ? now : clock::now();
       wake = inbox_.size() + 1 == wake_at_;
-      inbox_.push_back(Incoming{inbox_names_.size(), name.size(),
-                                Local{std::move(state), in, out, std::move(p), now, {}, -1}});
-      inbox_names_.append(name);
+      const std::size_t at = inbox_names_.size();
+      inbox_names_.append(name);  // first: if it throws, no entry points past the buffer
+      Incoming& e = inbox_.emplace_back();
+      e.name_at = at;
+      e.name_len = name.size();
+      e.local.handle = std::move(state);
+      e.local.in = in;
+      e.local.out = out;
+      e.local.p = std::move(p);
+      e.local.enqueued = now;
     }
     if (wake) cv_.notify_all();
     return h;
@@ -555,7 +569,11 @@ class Engine {
       want_join = !join_waiters_.empty();
     }
     const std::string_view names = incoming_names_;
-    for (auto& in : incoming_) intake(names.substr(in.name_at, in.name_len), std::move(in.local));
+    const auto now = incoming_.empty() || stamp_each_ ? clock::time_point{} : clock::now();
+    for (auto& in : incoming_) {
+      if (!stamp_each_) in.local.enqueued = now;
+      intake(names.substr(in.name_at, in.name_len), std::move(in.local));
+    }
     incoming_.clear();
     incoming_names_.clear();
   }
@@ -581,6 +599,10 @@ class Engine {
         if (slot_pending_[k] && cache_[k].local.enqueued < limit) invalid_[k] = 1;
       }
     }
+
+    // Pack now what will most likely be this cycle's fused batch, while the other ranks may
+    // still be on their way to the negotiation (see prepack).
+    prepack();
 
     // 2. The one collective of a steady-state cycle: min over [shutdown?, new names?, stall
     //    shutdown?, joined by rank..., shutting down by rank..., (pending, valid) per cache
@@ -700,6 +722,7 @@ class Engine {
       return;
     }
     ++since_idle_;
+    local.seq = ++submitted_;
     if (slot) {
       const auto k = static_cast<std::size_t>(it->second);
       if (slot->p == local.p) {  // the steady state: no string is built, nothing allocated
@@ -922,6 +945,130 @@ class Engine {
 
   // ---------------- execution ----------------
 
+  // Whether a fused batch converts float32 to the 16-bit wire (KOLO_COMPRESSION).
+  bool compresses(const RequestParams& p) const {
+    return opts_.compression.enabled() && p.dtype == DataType::float32 &&
+           (p.op == ReduceOp::sum || p.op == ReduceOp::average);
+  }
+
+  // The steady state packs before it negotiates. Every cached operation pending here (in slot
+  // order, the order the cycle's responses will have) goes into the fusion buffer now, if they
+  // would all travel in one fused batch. When every rank turns out to have the same ones
+  // pending — a training step, every step — the negotiated batch is exactly this one and the
+  // collective starts as soon as the negotiation ends: the ranks arrive at it together instead
+  // of each after its own pack, and on a busy host a rank that arrives late costs the others a
+  // sleep and a wake-up. Otherwise the batch is packed again (the work here is lost).
+  void prepack() {
+    prepacked_.clear();
+    if (joined_ || busy_slots_ < 2) return;
+    const RequestParams* first = nullptr;
+    std::size_t elems = 0, bytes = 0, es = 0;
+    for (std::size_t k = 0; k < slot_pending_.size(); ++k) {
+      if (!slot_pending_[k]) continue;
+      const RequestParams& q = cache_[k].p;
+      if (!first) {
+        first = &q;
+        if (q.kind != OpKind::allreduce || q.device != 0 || !q.group.empty()) return;
+        es = dtype_size(compresses(q) ? opts_.compression.wire : q.dtype);
+      } else if (q.kind != OpKind::allreduce || q.dtype != first->dtype || q.op != first->op ||
+                 q.prescale != first->prescale || q.postscale != first->postscale ||
+                 q.device != 0 || !q.group.empty()) {
+        prepacked_.clear();
+        return;
+      }
+      bytes += q.count * dtype_size(q.dtype);  // the threshold counts the tensors' own bytes
+      if (prepacked_.size() > 0 && bytes > opts_.fusion_threshold) {
+        prepacked_.clear();
+        return;
+      }
+      prepacked_.push_back(k);
+      elems += q.count;
+    }
+    if (prepacked_.size() < 2) {
+      prepacked_.clear();
+      return;
+    }
+    if (first->prescale == 1.0 && !compresses(*first)) {
+      locals_.clear();
+      for (std::size_t k : prepacked_) locals_.push_back(&cache_[k].local);
+      TensorView in, out;
+      if (direct_ranges(locals_, first->dtype, in, out)) {  // nothing to pack
+        prepacked_.clear();
+        return;
+      }
+    }
+    fusion_.reserve(elems * es);
+    prepack_offsets_.clear();
+    prepack_begin_ = clock::now();
+    std::size_t off = 0;
+    for (std::size_t k : prepacked_) {
+      const Local& l = cache_[k].local;
+      prepack_offsets_.push_back(off);
+      pack_one(off, l.in, *first);
+      off += l.p.count * es;
+    }
+    prepack_end_ = clock::now();
+  }
+
+  // Whether these operations' tensors lie back to back in memory, in this order, inputs and
+  // outputs alike (as views into one flat gradient buffer do); then `in` and `out` span them.
+  // Such a batch needs no fusion buffer: this rank's memory already is the packed layout, and
+  // the collective runs on it in place (or from the inputs into the outputs). Other ranks may
+  // pack theirs: the collective is the same (count, dtype, op), so the choice is local.
+  static bool direct_ranges(const std::vector<const Local*>& ls, DataType dtype, TensorView& in,
+                            TensorView& out) {
+    if (ls.empty() || !ls.front()) return false;
+    const auto* in0 = static_cast<const std::byte*>(ls.front()->in.data);
+    auto* out0 = static_cast<std::byte*>(ls.front()->out.data);
+    const std::byte* in_end = in0;
+    std::byte* out_end = out0;
+    std::size_t count = 0;
+    for (const Local* l : ls) {
+      if (!l) return false;  // joined here: zeros
+      if (l->in.count == 0) continue;
+      if (l->in.data != in_end || l->out.data != out_end) return false;
+      in_end += l->in.bytes();
+      out_end += l->out.bytes();
+      count += l->in.count;
+    }
+    if (count == 0) return false;
+    // One range, or two disjoint ones (each tensor's own are, but not necessarily the spans).
+    if (in0 != out0 && in0 < out_end && out0 < in_end) return false;
+    in = TensorView(const_cast<std::byte*>(in0), count, dtype);
+    out = TensorView(out0, count, dtype);
+    return true;
+  }
+
+  // One tensor into the fusion buffer at byte `off`: times the prescale, compressed if the
+  // batch travels compressed.
+  void pack_one(std::size_t off, const TensorView& in, const RequestParams& p) {
+    if (compresses(p)) {
+      opts_.compression.compress(static_cast<const float*>(in.data), fusion_.data() + off, in.count,
+                                 static_cast<float>(p.prescale));
+    } else {
+      fusion_.pack(off, in, p.prescale);
+    }
+  }
+
+  // True when `batch` is exactly what prepack() packed (the same slots, in order): its offsets
+  // are then in offsets_ and the pack is done. Used once: the buffer is the batch's afterwards.
+  bool take_prepacked(const std::vector<Response>& responses,
+                      const std::vector<std::size_t>& batch) {
+    const bool same = [&] {
+      if (batch.size() != prepacked_.size()) return false;
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        const Response& r = responses[batch[i]];
+        if (r.slot < 0 || static_cast<std::size_t>(r.slot) != prepacked_[i] || !r.local) {
+          return false;
+        }
+      }
+      return true;
+    }();
+    prepacked_.clear();
+    if (same) offsets_.swap(prepack_offsets_);
+    return same;
+  }
+
   void execute(int active) {
     std::vector<Response>& responses = responses_;
     const auto now = clock::now();
@@ -983,6 +1130,7 @@ class Engine {
         notify_completed();
       }
     }
+    prepacked_.clear();  // a prepack no batch matched is stale after this cycle
     notify_completed();
   }
 
@@ -1050,23 +1198,55 @@ class Engine {
     // pass out straight into each tensor's output (times the postscale and an average's
     // 1/divisor, unless the collective already divided).
     const std::size_t es = dtype_size(p.dtype);
-    fusion_.reserve(bytes);
-    offsets_.clear();
-    std::size_t off = 0;
-    const auto t_pack = clock::now();
-    for (std::size_t j : batch) {
-      const Response& r = responses[j];
-      offsets_.push_back(off);
-      const std::size_t b = r.p->count * es;
-      if (r.local) {
-        fusion_.pack(off, r.local->in, p.prescale);
-      } else if (b > 0) {
-        std::memset(fusion_.data() + off, 0, b);  // joined: zeros
-      }
-      off += b;
-    }
-    const auto t_coll = clock::now();
     const bool post = p.postscale != 1.0 || !comm_divides;
+    if (p.prescale == 1.0) {
+      locals_.clear();
+      for (std::size_t j : batch) locals_.push_back(responses[j].local);
+      TensorView in, out;
+      if (direct_ranges(locals_, p.dtype, in, out)) {
+        const auto ta = clock::now();
+        comm_.allreduce(in, out, post ? wire_op : p.op);
+        if (post) detail::scaled_copy(out.data, out.data, out.count, p.dtype, p.postscale, divisor);
+        const auto tb = clock::now();
+        bump([](EngineStats& s) {
+          ++s.fused_collectives;
+          ++s.direct_collectives;
+        });
+        for (std::size_t j : batch) {
+          const Response& r = responses[j];
+          if (timeline_.enabled()) {
+            const std::size_t b = r.p->count * es;
+            const int tr = track_of(r);
+            timeline_.record(tr, "QUEUE", tq, ta, p.dtype, b);
+            timeline_.record(tr, "ALLREDUCE", ta, tb, p.dtype, b);
+          }
+          complete(r, nullptr);
+        }
+        return;
+      }
+    }
+    auto t_pack = clock::now();
+    auto t_coll = t_pack;
+    if (take_prepacked(responses, batch)) {
+      t_pack = prepack_begin_;
+      t_coll = prepack_end_;
+    } else {
+      fusion_.reserve(bytes);
+      offsets_.clear();
+      std::size_t off = 0;
+      for (std::size_t j : batch) {
+        const Response& r = responses[j];
+        offsets_.push_back(off);
+        const std::size_t b = r.p->count * es;
+        if (r.local) {
+          fusion_.pack(off, r.local->in, p.prescale);
+        } else if (b > 0) {
+          std::memset(fusion_.data() + off, 0, b);  // joined: zeros
+        }
+        off += b;
+      }
+      t_coll = clock::now();
+    }
     comm_.allreduce(TensorView(fusion_.data(), bytes / es, p.dtype), post ? wire_op : p.op);
     const auto t_unpack = clock::now();
     for (std::size_t k = 0; k < batch.size(); ++k) {
@@ -1102,19 +1282,23 @@ class Engine {
     const std::size_t wes = dtype_size(c.wire);
     std::size_t total = 0;
     for (std::size_t j : batch) total += responses[j].p->count;
-    fusion_.reserve(total * wes);
-    offsets_.clear();
-    const auto t_pack = clock::now();
-    std::size_t off = 0;
-    for (std::size_t j : batch) {
-      const Response& r = responses[j];
-      offsets_.push_back(off);
-      const TensorView in = local_input(r);
-      c.compress(static_cast<const float*>(in.data), fusion_.data() + off, in.count,
-                 static_cast<float>(p.prescale));
-      off += r.p->count * wes;
+    auto t_pack = clock::now();
+    auto t_coll = t_pack;
+    if (take_prepacked(responses, batch)) {
+      t_pack = prepack_begin_;
+      t_coll = prepack_end_;
+    } else {
+      fusion_.reserve(total * wes);
+      offsets_.clear();
+      std::size_t off = 0;
+      for (std::size_t j : batch) {
+        const Response& r = responses[j];
+        offsets_.push_back(off);
+        pack_one(off, local_input(r), p);
+        off += r.p->count * wes;
+      }
+      t_coll = clock::now();
     }
-    const auto t_coll = clock::now();
     comm_.allreduce(TensorView(fusion_.data(), total, c.wire), ReduceOp::sum);
     const auto t_unpack = clock::now();
     const float post = static_cast<float>(p.postscale / divisor);
@@ -1380,15 +1564,15 @@ class Engine {
   // This rank's pending tensors, oldest first, and the ops asked for:
   // "'a', 'b', 'c' and 47 more; allreduce(average)".
   std::string pending_names() const {
-    std::vector<std::pair<clock::time_point, std::string>> byage;
+    std::vector<std::pair<std::uint64_t, std::string>> byage;
     std::set<std::string> ops;
     for (const auto& [name, l] : pending_) {
-      byage.emplace_back(l.enqueued, name);
+      byage.emplace_back(l.seq, name);
       ops.insert(op_text(l.p));
     }
     for (const CacheSlot& c : cache_) {
       if (!c.busy) continue;
-      byage.emplace_back(c.local.enqueued, c.name);
+      byage.emplace_back(c.local.seq, c.name);
       ops.insert(op_text(c.local.p));
     }
     std::sort(byage.begin(), byage.end());
@@ -1544,10 +1728,11 @@ class Engine {
   std::vector<std::string> to_send_;
   std::deque<CacheSlot> cache_;  // a deque: responses point into slots while others are added
   NameMap<int> cache_index_;
-  std::size_t busy_slots_ = 0;  // cache slots with an operation in flight
-  std::size_t since_idle_ = 0;  // operations submitted since nothing was in flight
-  std::size_t step_size_ = 0;   // ... and over the stretch before (await_rest_of_step)
-  std::size_t free_hint_ = 0;   // no free cache slot below this one
+  std::size_t busy_slots_ = 0;   // cache slots with an operation in flight
+  std::size_t since_idle_ = 0;   // operations submitted since nothing was in flight
+  std::uint64_t submitted_ = 0;  // operations filed, ever
+  std::size_t step_size_ = 0;    // ... and over the stretch before (await_rest_of_step)
+  std::size_t free_hint_ = 0;    // no free cache slot below this one
   std::vector<std::uint8_t> slot_pending_, invalid_;
   std::vector<TableEntry> table_;
   std::unordered_map<std::string, std::size_t> table_index_;
@@ -1560,8 +1745,12 @@ class Engine {
   std::vector<std::uint8_t> flags_, done_;
   std::vector<bool> joined_ranks_;
   std::vector<std::size_t> batch_, offsets_;
+  std::vector<const Local*> locals_;
+  std::vector<std::size_t> prepacked_, prepack_offsets_;  // prepack(): slots and their offsets
+  clock::time_point prepack_begin_, prepack_end_;
   std::vector<std::byte> zeros_;
   std::vector<cuda::FusionItem> device_items_;
+  bool stamp_each_ = false;  // each submission reads the clock (for the timeline)
   bool joined_ = false;
   bool driven_ = false;       // this cycle runs on a waiting thread
   bool step_driven_ = false;  // the last step was completed by a waiting thread

@@ -7,6 +7,7 @@
 // that made it has gone.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -39,11 +40,16 @@ struct Driver {
   void help(HandleState& h);
 };
 
+// Completion is an atomic flag: marking a handle done, asking whether it is, and waiting for
+// one that is take no lock. The mutex and condition variable serve only threads that sleep,
+// counted in `waiters` (a thread announces itself before it checks `done`, the engine checks
+// `waiters` after it sets `done`, both sequentially consistent: one of them sees the other).
 struct HandleState {
+  std::atomic<bool> done{false};
+  std::atomic<int> waiters{0};
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;
-  std::exception_ptr error;
+  std::exception_ptr error;  // written before `done`, read after it
   // Allgather: the engine allocates the output (ranks' counts are only known after negotiation).
   std::vector<std::byte> owned;
   std::vector<std::size_t> counts;
@@ -58,15 +64,29 @@ struct HandleState {
   // (on a busy host it preempts the engine) and block again on the next handle, a context
   // switch per tensor.
   void mark(std::exception_ptr e = nullptr) {
-    std::lock_guard lock(mu);
-    done = true;
     error = std::move(e);
+    done.store(true);
   }
-  void notify() { cv.notify_all(); }
+  void notify() {
+    if (waiters.load() == 0) return;
+    { std::lock_guard lock(mu); }  // a waiter between its check and its sleep finishes either
+    cv.notify_all();
+  }
 
-  bool is_done() {
-    std::lock_guard lock(mu);
-    return done;
+  bool is_done() const { return done.load(std::memory_order_acquire); }
+
+  // Sleeps until done, or until `until` (false then).
+  template <class Until>
+  bool sleep_until_done(const Until& until) {
+    if (is_done()) return true;
+    waiters.fetch_add(1);
+    bool ok;
+    {
+      std::unique_lock lock(mu);
+      ok = until(lock, [&] { return done.load(); });
+    }
+    waiters.fetch_sub(1);
+    return ok;
   }
 
   // The engine that completes this handle (null: none to help, e.g. a join).
@@ -151,12 +171,44 @@ struct PoolAllocator {
     return !kAsan && alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__;
   }
 
+  // Each thread keeps a few blocks of its own, so that the usual pattern — a thread submits,
+  // waits and drops its handles, step after step — takes no lock at all; beyond those, and
+  // once the thread is ending, blocks go through the shared pool.
+  struct Cache {
+    static constexpr int kMax = 256;
+    void* blocks[kMax];
+    int n = 0;
+    Cache() { state() = 1; }
+    ~Cache() {
+      state() = 2;
+      while (n > 0) pool().put(blocks[--n]);
+    }
+  };
+  static int& state() {  // this thread's cache: 0 not made yet, 1 alive, 2 destroyed
+    static thread_local int s = 0;
+    return s;
+  }
+  static Cache* cache() {
+    if (state() == 2) return nullptr;
+    static thread_local Cache c;
+    return &c;
+  }
+
   T* allocate(std::size_t n) {
-    if (n == 1 && pooled()) return static_cast<T*>(pool().get());
+    if (n == 1 && pooled()) {
+      Cache* c = cache();
+      if (c && c->n > 0) return static_cast<T*>(c->blocks[--c->n]);
+      return static_cast<T*>(pool().get());
+    }
     return std::allocator<T>().allocate(n);
   }
   void deallocate(T* p, std::size_t n) noexcept {
     if (n == 1 && pooled()) {
+      Cache* c = cache();
+      if (c && c->n < Cache::kMax) {
+        c->blocks[c->n++] = p;
+        return;
+      }
       pool().put(p);
       return;
     }
@@ -183,27 +235,26 @@ class Handle {
   bool valid() const { return s_ != nullptr; }
 
   // True once the operation has finished (successfully or not); never blocks.
-  bool ready() const {
-    std::lock_guard lock(s_->mu);
-    return s_->done;
-  }
+  bool ready() const { return s_->is_done(); }
 
   // Blocks until the operation finishes; rethrows its error (MismatchError, PeerLostError, ...).
   // While no other thread is running the engine's cycles, this thread runs them.
   void wait() const {
     if (s_->driver) s_->driver->help(*s_);
-    std::unique_lock lock(s_->mu);
-    s_->cv.wait(lock, [&] { return s_->done; });
+    s_->sleep_until_done([&](std::unique_lock<std::mutex>& lock, auto pred) {
+      s_->cv.wait(lock, pred);
+      return true;
+    });
     if (s_->error) std::rethrow_exception(s_->error);
   }
 
   // Like wait(), but gives up after `seconds` with a TimeoutError (the operation goes on). It
   // leaves the engine's cycles to the engine thread (a cycle may block longer than `seconds`).
   void wait_for(double seconds) const {
-    std::unique_lock lock(s_->mu);
-    if (!s_->cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return s_->done; })) {
-      throw TimeoutError("operation not finished after " + std::to_string(seconds) + " s");
-    }
+    const bool done = s_->sleep_until_done([&](std::unique_lock<std::mutex>& lock, auto pred) {
+      return s_->cv.wait_for(lock, std::chrono::duration<double>(seconds), pred);
+    });
+    if (!done) throw TimeoutError("operation not finished after " + std::to_string(seconds) + " s");
     if (s_->error) std::rethrow_exception(s_->error);
   }
 
