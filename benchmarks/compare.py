@@ -141,7 +141,7 @@ class Runner:
         if not os.access(fusion, os.X_OK):
             raise RuntimeError(f"{fusion} not built")
         cmd = [self.launcher, "--no-prefix", "-np", str(n), "--timeout", str(self.timeout),
-               fusion, "--transport", "shm", "-n", "20", "-w", "3"]
+               fusion, "--transport", "shm", "-n", "20", "-w", "3", "-r", "5"]
         return self.bench_json(cmd)
 
     def memcpy(self, threads, size):
@@ -277,14 +277,15 @@ def targets(results, memcpy_m, compile_s, extra):
     if extra.get("fusion"):
         f = extra["fusion"]
         rows.append(ratio_row("fusion: 1024 tensors x 4 KiB through the engine",
-                              "<= 1.3x one 4 MiB allreduce", f"{f['ratio']:.2f}x",
-                              f["ratio"] <= 1.3,
-                              f"N=2 shm: fused step {f['fused_us']:.0f} us, one 4 MiB allreduce "
+                              "<= 1.2x one 4 MiB allreduce", f"{f['ratio']:.2f}x",
+                              f["ratio"] <= 1.2,
+                              f"N=2 shm, interleaved, median of 5 (worst {f['worst_ratio']:.2f}x): "
+                              f"fused step {f['fused_us']:.0f} us, one 4 MiB allreduce "
                               f"{f['one_us']:.0f} us, one 4 MiB tensor via the engine "
                               f"{f['engine_one_us']:.0f} us"))
     else:
         rows.append(ratio_row("fusion: 1024 tensors x 4 KiB through the engine",
-                              "<= 1.3x one 4 MiB allreduce", "not measured", None,
+                              "<= 1.2x one 4 MiB allreduce", "not measured", None,
                               "kolo-fusion-bench not built or failed"))
     k = get(results, "kolo-tcp", 2, S64, "time_us")
     c = extra.get("fp16_tcp_64M_us")
@@ -517,7 +518,8 @@ def main():
     extra = {}
     if fusion_runs:
         extra["fusion"] = {k: statistics.median(r[k] for r in fusion_runs)
-                           for k in ("ratio", "fused_us", "one_us", "engine_one_us")}
+                           for k in ("ratio", "worst_ratio", "fused_us", "one_us",
+                                     "engine_one_us")}
     if fp16_runs:
         extra["fp16_tcp_64M_us"] = statistics.median(fp16_runs)
     trows = targets(results, memcpy_m, comp, extra)

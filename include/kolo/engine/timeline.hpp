@@ -4,7 +4,9 @@
 // The engine thread only appends small event records to a vector under a mutex; a writer thread
 // formats and writes them, so the file system never stalls negotiation. Each tensor gets its own
 // track (tid), named after the tensor, and its phases appear as complete ("X") events:
-// NEGOTIATE, QUEUE, PACK, the collective (ALLREDUCE, ALLGATHER, BROADCAST), UNPACK.
+// NEGOTIATE, QUEUE, PACK, the collective (ALLREDUCE, ALLGATHER, BROADCAST), UNPACK. An event
+// carries its track's number, not the tensor's name: the name travels once, when the track is
+// first used, so recording allocates nothing per event (the event vectors keep their capacity).
 #pragma once
 
 #include <charconv>
@@ -12,9 +14,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <iterator>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -44,14 +48,41 @@ class Timeline {
 
   bool enabled() const { return file_ != nullptr; }
 
-  // A phase of one tensor, from `begin` to `end`. Called by one thread only (the engine's):
-  // events collect in a staging vector without a lock and reach the writer in batches
-  // (publish(), once per engine cycle, or every 4096 events).
-  void record(const std::string& tensor, const char* phase, clock::time_point begin,
+  // The track of a tensor: a number, the same for the same name for the life of the timeline
+  // (the caller may keep it). Called by the recording thread only.
+  int track(std::string_view tensor) {
+    if (!file_) return 0;
+    auto it = track_ids_.find(tensor);
+    if (it != track_ids_.end()) return it->second;
+    const int id = static_cast<int>(track_ids_.size()) + 1;
+    track_ids_.emplace(std::string(tensor), id);
+    Event e;
+    e.track = id;
+    e.name = std::string(tensor);  // phase == nullptr: names the track for the writer
+    staging_.push_back(std::move(e));
+    return id;
+  }
+
+  // A phase of one tensor (its track()), from `begin` to `end`. Called by one thread only (the
+  // engine's): events collect in a staging vector without a lock and reach the writer in
+  // batches (publish(), once per engine cycle, or every 4096 events).
+  void record(int track, const char* phase, clock::time_point begin, clock::time_point end,
+              DataType dtype, std::size_t bytes) {
+    if (!file_) return;
+    Event e;
+    e.track = track;
+    e.phase = phase;
+    e.begin = begin;
+    e.end = end;
+    e.dtype = dtype;
+    e.bytes = bytes;
+    staging_.push_back(std::move(e));
+    if (staging_.size() >= 4096) publish();
+  }
+  void record(std::string_view tensor, const char* phase, clock::time_point begin,
               clock::time_point end, DataType dtype, std::size_t bytes) {
     if (!file_) return;
-    staging_.push_back({tensor, phase, begin, end, dtype, bytes});
-    if (staging_.size() >= 4096) publish();
+    record(track(tensor), phase, begin, end, dtype, bytes);
   }
 
   // Hands the staged events to the writer thread (woken only for large batches; otherwise its
@@ -90,11 +121,18 @@ class Timeline {
 
  private:
   struct Event {
-    std::string tensor;
-    const char* phase;
+    int track = 0;
+    const char* phase = nullptr;  // nullptr: a new track, `name` is its tensor
     clock::time_point begin, end;
-    DataType dtype;
-    std::size_t bytes;
+    DataType dtype = DataType::uint8;
+    std::size_t bytes = 0;
+    std::string name;
+  };
+  struct NameHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept {
+      return std::hash<std::string_view>{}(s);
+    }
   };
 
   void run() {
@@ -146,23 +184,22 @@ class Timeline {
     out.append(buf, r.ptr);
   }
 
-  struct Track {
-    std::string prefix;  // {"pid":R,"tid":T,"args":{"tensor":"NAME","dtype":"   (up to the dtype)
-  };
-
   void write(const Event& e) {
-    auto it = tracks_.find(e.tensor);
-    if (it == tracks_.end()) {
-      const int tid = static_cast<int>(tracks_.size()) + 1;
-      const std::string name = escape(e.tensor);
+    if (!e.phase) {  // a new track: name it, and keep its line prefix
+      const int tid = e.track;
+      const std::string name = escape(e.name);
       std::fprintf(file_,
                    "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
                    "\"args\":{\"name\":\"%s\"}},\n",
                    rank_, tid, name.c_str());
-      Track t;
-      t.prefix = "\"pid\":" + std::to_string(rank_) + ",\"tid\":" + std::to_string(tid) +
-                 ",\"args\":{\"tensor\":\"" + name + "\",\"dtype\":\"";
-      it = tracks_.emplace(e.tensor, std::move(t)).first;
+      if (tracks_.size() <= static_cast<std::size_t>(tid)) {
+        tracks_.resize(static_cast<std::size_t>(tid) + 1);
+      }
+      // {"pid":R,"tid":T,"args":{"tensor":"NAME","dtype":"   (up to the dtype)
+      tracks_[static_cast<std::size_t>(tid)] =
+          "\"pid\":" + std::to_string(rank_) + ",\"tid\":" + std::to_string(tid) +
+          ",\"args\":{\"tensor\":\"" + name + "\",\"dtype\":\"";
+      return;
     }
     const auto ns = [&](clock::time_point t) {
       return std::chrono::duration_cast<std::chrono::nanoseconds>(t - start_).count();
@@ -175,7 +212,7 @@ class Timeline {
     line_ += ",\"dur\":";
     append_us(line_, ns(e.end) - ns(e.begin));
     line_ += ',';
-    line_ += it->second.prefix;
+    line_ += tracks_[static_cast<std::size_t>(e.track)];
     line_ += dtype_name(e.dtype);
     line_ += "\",\"bytes\":";
     append_int(line_, e.bytes);
@@ -192,7 +229,8 @@ class Timeline {
   std::vector<Event> events_;   // published, for the writer (under mu_)
   std::vector<Event> staging_;  // the recording thread's, not yet published
   bool stop_ = false;
-  std::unordered_map<std::string, Track> tracks_;
+  std::unordered_map<std::string, int, NameHash, std::equal_to<>> track_ids_;  // recording side
+  std::vector<std::string> tracks_;  // writer side: line prefix by track
   std::string line_;
 };
 

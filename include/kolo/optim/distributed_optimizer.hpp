@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -152,7 +153,8 @@ class DistributedOptimizer {
   // Submits zeros for every parameter that has no gradient in flight, then waits for all: on
   // return every grad span holds the averaged gradient. Rethrows the engine's error, if any.
   void synchronize() {
-    std::vector<Handle> handles;
+    std::vector<Handle>& handles = waiting_;  // reused: a step allocates nothing here
+    handles.clear();
     {
       std::lock_guard lock(mu_);
       for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -175,6 +177,7 @@ class DistributedOptimizer {
       }
     }
     for (Handle& h : handles) h.wait();
+    handles.clear();
   }
 
   // synchronize(), then the wrapped optimizer's step on the averaged gradients.
@@ -208,6 +211,7 @@ class DistributedOptimizer {
  private:
   struct Slot {
     int passes = 0;
+    std::string grad_name;  // the engine's name for the gradient, built once
     Handle handle;
     std::vector<float> accum;  // k > 1: the sum of this step's passes
   };
@@ -240,11 +244,12 @@ class DistributedOptimizer {
         throw ConfigError("DistributedOptimizer: two parameters are named '" + p.name + "'");
       }
       if (o.backward_passes_per_step > 1) slots_[i].accum.assign(p.value.size(), 0.0f);
+      slots_[i].grad_name = o.name_prefix + "grad/" + p.name;
     }
   }
 
   std::size_t index_of(std::string_view name) const {
-    auto it = index_.find(std::string(name));
+    auto it = index_.find(name);
     if (it == index_.end()) {
       throw ConfigError("DistributedOptimizer: no parameter named '" + std::string(name) + "'");
     }
@@ -256,9 +261,8 @@ class DistributedOptimizer {
     Parameter& p = params_[i];
     const double k = opts_.average_aggregated_gradients ? opts_.backward_passes_per_step : 1;
     const double f = opts_.op == ReduceOp::average ? opts_.gradient_predivide_factor : 1.0;
-    slots_[i].handle =
-        engine_->allreduce_async(opts_.name_prefix + "grad/" + p.name, TensorView(src), opts_.op,
-                                 1.0 / (f * k), f, TensorView(p.grad));
+    slots_[i].handle = engine_->allreduce_async(slots_[i].grad_name, TensorView(src), opts_.op,
+                                                1.0 / (f * k), f, TensorView(p.grad));
   }
 
   void require_idle(const char* what) {
@@ -277,7 +281,14 @@ class DistributedOptimizer {
   std::vector<Parameter> params_;
   DistributedOptions opts_;
   std::vector<Slot> slots_;
-  std::unordered_map<std::string, std::size_t> index_;
+  struct NameHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept {
+      return std::hash<std::string_view>{}(s);
+    }
+  };
+  std::unordered_map<std::string, std::size_t, NameHash, std::equal_to<>> index_;
+  std::vector<Handle> waiting_;  // synchronize()'s handles
   std::mutex mu_;
 };
 
