@@ -171,6 +171,26 @@ int mismatch(const std::string& what, std::size_t n) {
   return no_error("mismatch-" + what + " completed");
 }
 
+// (a'') One rank skips a collective: it is busy elsewhere (sleeps past the others' timeout),
+// then makes the call the others made long ago. Every rank must report the timeout naming it.
+int skip(double sleep_seconds) {
+  auto c = connect();
+  std::vector<float> f(1000, 1.0f);
+  c->barrier();
+  t0 = WallClock::now();
+  try {
+    if (c->rank() == kOdd) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(sleep_seconds));
+      say("KOLO_RETURNED rank=" + rank_label + " woke after " + std::to_string(sleep_seconds) +
+          " s; calling allreduce");
+    }
+    c->allreduce(std::span<float>(f));
+  } catch (const kolo::Error& e) {
+    return report(e);
+  }
+  return no_error("skip: allreduce completed");
+}
+
 // (a') One rank passes an invalid argument; the others call the collective correctly.
 int bad_argument(const std::string& what) {
   auto c = connect();
@@ -502,6 +522,7 @@ int run(int argc, char** argv) {
     return kill_mid_allreduce(static_cast<int>(arg(2, 2)), static_cast<int>(arg(3, 300)),
                               static_cast<std::size_t>(arg(4, 1 << 20)));
   }
+  if (mode == "skip") return skip(argc > 2 ? std::atof(argv[2]) : 3.0);
   if (mode == "setup") return setup();
   if (mode == "engine") return engine_setup();
   if (mode == "clean") return clean(static_cast<int>(arg(2, 4)));
@@ -513,7 +534,7 @@ int run(int argc, char** argv) {
   std::fprintf(
       stderr,
       "usage: fault_worker mismatch-count|mismatch-dtype|mismatch-order [elems]|null-buffer|"
-      "bad-root|kill [victim ms elems]|setup|engine|clean [rounds]|chaos seed [0 max_elems]|\n"
+      "bad-root|skip [seconds]|kill [victim ms elems]|setup|engine|clean [rounds]|chaos seed [0 max_elems]|\n"
       "verify seed [steps max_elems]\n");
   return 2;
 }

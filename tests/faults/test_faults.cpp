@@ -71,6 +71,46 @@ TEST_CASE("mismatched collective order tcp") {
   mismatch_matrix("tcp", "mismatch-order", {"broadcast", "allreduce"});
 }
 
+// A rank that never reaches a collective (busy elsewhere past the deadline): every rank reports
+// a TimeoutError naming it as the rank that never reached the call and suggesting why, agreed
+// through the abort (the first rank to time out diagnoses, the others carry its words), and the
+// waiting ranks report at the deadline (+-0.2 s: neither the diagnosis nor a TCP drain delays
+// the exception).
+void skipped_call(const char* transport, int np) {
+  CAPTURE(transport);
+  CAPTURE(np);
+  const double T = 2.0;
+  const JobResult r = kolo_run(np, {"skip", "3.5"},
+                               {std::string("KOLO_TRANSPORT=") + transport,
+                                "KOLO_TIMEOUT_SECONDS=" + std::to_string(T)});
+  expect_all_ranks(r, np, "TimeoutError",
+                   {"rank 1 never reached allreduce #", "skipped this call"});
+  const auto reports = fault_reports(r.out);
+  for (int rank = 0; rank < np; ++rank) {
+    if (rank == 1) continue;  // the culprit learns it at its late call
+    const auto it = reports.find(std::to_string(rank));
+    if (it == reports.end()) continue;  // reported by expect_all_ranks
+    CAPTURE(rank);
+    CHECK(it->second.after >= T - 0.2);
+    CHECK(it->second.after <= T + 0.2);
+    // No healthy rank is blamed.
+    for (int other = 0; other < np; ++other) {
+      if (other == 1) continue;
+      CHECK_MESSAGE(!contains(it->second.what, "rank " + std::to_string(other) + " never reached"),
+                    it->second.what);
+    }
+  }
+}
+
+TEST_CASE("a rank that skips a collective is named on every rank shm") {
+  skipped_call("shm", 3);
+  skipped_call("shm", 4);
+}
+TEST_CASE("a rank that skips a collective is named on every rank tcp") {
+  skipped_call("tcp", 3);
+  skipped_call("tcp", 4);
+}
+
 // One rank's invalid argument: ConfigError there, the same message tagged with its origin on
 // every other rank (the error travels instead of leaving the others to time out).
 TEST_CASE("invalid argument on one rank reaches all") {

@@ -23,12 +23,15 @@
 // peers through their control block, the TCP peers as an ABORT frame) as the same exception.
 #pragma once
 
+#include <fcntl.h>
 #include <poll.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -257,16 +260,25 @@ class MeshTransport {
     }
     own_ = std::move(links.own);
     local_ranks_ = links.local_ranks;
+    if (size_ > 1) {
+      store_ = boot.shared_store();
+      progress_key_ = boot.prefix() + "progress/";
+    }
   }
 
   // After an abort, let each TCP peer read our ABORT before our close can reset the connection
-  // (detail::drain_before_close).
+  // (detail::drain_before_close), in the background (detail::BackgroundDrains): the sockets are
+  // duplicated, so closing ours here does not close the connection, and the error that led here
+  // is not delayed by the drain's second.
   void drain_tcp_before_close() noexcept {
     std::vector<int> fds;
     for (const Peer& p : peers_) {
-      if (p.route == Route::tcp && p.tcp.valid() && !p.tcp.closed()) fds.push_back(p.tcp.fd());
+      if (p.route == Route::tcp && p.tcp.valid() && !p.tcp.closed()) {
+        const int d = ::fcntl(p.tcp.fd(), F_DUPFD_CLOEXEC, 0);
+        if (d >= 0) fds.push_back(d);
+      }
     }
-    detail::drain_before_close(fds);
+    detail::BackgroundDrains::start(std::move(fds));
   }
 
   // ---------------- op bookkeeping ----------------
@@ -462,6 +474,82 @@ class MeshTransport {
     }
   }
 
+  // ---------------- who never came (the timeout's diagnosis) ----------------
+  //
+  // A rank that has waited in one operation for a while (min(1 s, timeout / 4)) says so once,
+  // in the rendezvous store: "progress/<rank>" = that operation's description. A rank that times
+  // out reads every peer's entry: the peers whose entry is not the operation it waits in never
+  // reached it (they skipped the call, or are busy elsewhere: compute, I/O, a deadlock of the
+  // program). It names them in its TimeoutError, and its abort carries that text to every rank,
+  // so all ranks report the same culprit. Best effort: a store that fails is ignored, and the
+  // diagnosis is left out rather than guessed.
+
+  const Signature* waiting_sig() const {
+    for (const Peer& peer : peers_) {
+      if (!peer.recvq.empty()) return &pool_[peer.recvq.front()].sig;
+      if (!peer.sendq.empty()) return &pool_[peer.sendq.front()].sig;
+    }
+    return nullptr;
+  }
+
+  void still_waiting() noexcept {
+    if (!store_) return;
+    const Signature* s = waiting_sig();
+    if (s == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (!watching_ || *s != watch_sig_) {
+      watching_ = true;
+      watch_sig_ = *s;
+      watch_since_ = now;
+      watch_posted_ = false;
+      return;
+    }
+    const double report_after = std::min(1.0, timeout_ / 4);
+    if (watch_posted_ || std::chrono::duration<double>(now - watch_since_).count() < report_after) {
+      return;
+    }
+    watch_posted_ = true;
+    try {
+      store_->set(progress_key_ + std::to_string(rank_), s->describe());
+    } catch (...) {
+      // best effort: the diagnosis is a hint, never a new failure
+    }
+  }
+
+  // "; rank 2 never reached it (...)" or "" when every peer is in it or nothing is known.
+  std::string missing_ranks() const {
+    if (!store_) return "";
+    const Signature* s = waiting_sig();
+    if (s == nullptr) return "";
+    const std::string mine = s->describe();
+    std::vector<int> absent;
+    std::string last;
+    try {
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        const auto v = store_->try_get(progress_key_ + std::to_string(p));
+        if (v && *v == mine) continue;
+        absent.push_back(p);
+        if (absent.size() <= 4) {
+          last += std::string(last.empty() ? "" : "; ") + "rank " + std::to_string(p) +
+                  (v ? " was last seen waiting in " + *v : " was not seen waiting in any operation");
+        }
+      }
+    } catch (...) {
+      return "";
+    }
+    if (absent.empty()) return "";
+    std::string who;
+    for (std::size_t i = 0; i < absent.size() && i < 8; ++i) {
+      who += std::string(i == 0 ? "" : ", ") + std::to_string(absent[i]);
+    }
+    if (absent.size() > 8) who += " and " + std::to_string(absent.size() - 8) + " more";
+    return std::string(absent.size() == 1 ? "; rank " : "; ranks ") + who +
+           " never reached " + mine + " (" + last +
+           "): a rank skipped this call, or is stuck in other work (compute, I/O, a deadlock in "
+           "the program)";
+  }
+
   [[noreturn]] void timed_out() {
     try {
       throw TimeoutError(timeout_message());
@@ -483,9 +571,10 @@ class MeshTransport {
     }
     char to[32];
     std::snprintf(to, sizeof(to), "%g", timeout_);
+    const std::string missing = missing_ranks();
     return "rank " + std::to_string(rank_) + " timed out in " + (what.empty() ? "a wait" : what) +
            " after " + to + " s waiting for " + (waiting.empty() ? "nothing" : waiting) +
-           " (raise KOLO_TIMEOUT_SECONDS if the job is just slow)";
+           (missing.empty() ? " (raise KOLO_TIMEOUT_SECONDS if the job is just slow)" : missing);
   }
 
   int rank_;
@@ -495,6 +584,13 @@ class MeshTransport {
   double timeout_;
   std::vector<std::string> host_keys_;  // every rank's, for route_between
   detail::PollLoop loop_;
+  // the timeout's diagnosis (still_waiting, missing_ranks)
+  std::shared_ptr<KvStore> store_;
+  std::string progress_key_;
+  bool watching_ = false;
+  bool watch_posted_ = false;
+  Signature watch_sig_{};
+  std::chrono::steady_clock::time_point watch_since_{};
   std::vector<Peer> peers_;
   detail::OpPool<detail::StreamOp> pool_;
   detail::ShmSegment own_;       // valid when some peer is local

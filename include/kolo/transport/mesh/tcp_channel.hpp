@@ -15,8 +15,11 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdlib>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -210,5 +213,56 @@ inline void drain_before_close(const std::vector<int>& sockets) noexcept {
     std::erase_if(fds, [](const pollfd& f) { return f.fd < 0; });
   }
 }
+
+// The drain above takes up to a second. A transport that aborted must not make its owner wait
+// for it (an exception leaving a scope destroys the communicator on its way to the handler, and
+// the error would surface a second late), so its destructor hands duplicates of the sockets to
+// a background thread that drains and closes them. The threads are joined at exit (each ends
+// within its second), so a program that ends right after the error still lets its peers read
+// the ABORT it sent.
+class BackgroundDrains {
+ public:
+  static void start(std::vector<int> owned) noexcept {
+    if (owned.empty()) return;
+    try {
+      BackgroundDrains& d = instance();
+      std::lock_guard<std::mutex> lock(d.mu_);
+      d.threads_.emplace_back([fds = owned] {
+        drain_before_close(fds);
+        for (int fd : fds) ::close(fd);
+      });
+    } catch (...) {
+      // No thread: drain here, as before (bounded by a second).
+      drain_before_close(owned);
+      for (int fd : owned) ::close(fd);
+    }
+  }
+
+ private:
+  static BackgroundDrains& instance() {
+    // Never destroyed: joined by the atexit hook, which runs before static destructors of
+    // objects constructed earlier.
+    static BackgroundDrains* d = [] {
+      auto* p = new BackgroundDrains();
+      std::atexit([] { join_all(); });
+      return p;
+    }();
+    return *d;
+  }
+  static void join_all() noexcept {
+    std::vector<std::thread> ts;
+    {
+      BackgroundDrains& d = instance();
+      std::lock_guard<std::mutex> lock(d.mu_);
+      ts.swap(d.threads_);
+    }
+    for (auto& t : ts) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+  std::mutex mu_;
+  std::vector<std::thread> threads_;
+};
 
 }  // namespace kolo::detail
