@@ -185,10 +185,15 @@ int skip(double sleep_seconds) {
           " s; calling allreduce");
     }
     c->allreduce(std::span<float>(f));
+    // The late rank can complete its call from what its peers sent before they gave up (their
+    // data sits ahead of their ABORT in the stream or slots): the error then reaches it at its
+    // next call, as a real program's next step would.
+    say("KOLO_RETURNED rank=" + rank_label + " allreduce returned; calling barrier");
+    c->barrier();
   } catch (const kolo::Error& e) {
     return report(e);
   }
-  return no_error("skip: allreduce completed");
+  return no_error("skip: allreduce and barrier completed");
 }
 
 // (a') One rank passes an invalid argument; the others call the collective correctly.
