@@ -174,11 +174,15 @@ int mismatch(const std::string& what, std::size_t n) {
 // (a'') One rank skips a collective: it is busy elsewhere (sleeps past the others' timeout),
 // then makes the call the others made long ago. Every rank must report the timeout naming it.
 int skip(double sleep_seconds) {
-  auto c = connect();
   std::vector<float> f(1000, 1.0f);
-  c->barrier();
-  t0 = WallClock::now();
+  // The communicator lives inside the try block, as in a program whose handler is outside the
+  // scope that owns it: the exception reaches the handler only after the communicator's
+  // destructor ran, so the reported time includes that destructor (an aborted TCP mesh used to
+  // drain its sockets there for up to a second).
   try {
+    auto c = connect();
+    c->barrier();
+    t0 = WallClock::now();
     if (c->rank() == kOdd) {
       std::this_thread::sleep_for(std::chrono::duration<double>(sleep_seconds));
       say("KOLO_RETURNED rank=" + rank_label + " woke after " + std::to_string(sleep_seconds) +
