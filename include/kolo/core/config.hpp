@@ -600,6 +600,19 @@ inline constexpr Var torch_python{"KOLO_TORCH_PYTHON",
                                   {},
                                   true};
 
+inline constexpr Var torch_cuda{"KOLO_TORCH_CUDA",
+                                Kind::flag,
+                                Section::build,
+                                Reader::none,
+                                0,
+                                1,
+                                "0",
+                                "`1`: `pip install backends/torch` builds the CUDA variant (CUDA "
+                                "tensors through kolo's NCCL transport; needs the CUDA toolkit)",
+                                {},
+                                {},
+                                true};
+
 // ---- set by kolo_spark for its function ranks (removed from the environment on start) ----
 inline constexpr Var spark_fn{"KOLO_SPARK_FN",
                               Kind::text,
@@ -707,6 +720,7 @@ inline std::span<const Var* const> all_vars() {
       &vars::run_ssh,
       &vars::include_dir,
       &vars::torch_python,
+      &vars::torch_cuda,
       &vars::spark_fn,
       &vars::spark_result,
       &vars::spark_max_result,
