@@ -492,7 +492,18 @@ class MeshTransport {
     return nullptr;
   }
 
-  void still_waiting() noexcept {
+  // A store entry: "<collective>:<seq>:<description>" (the prefix finds the same call).
+  static std::string progress_entry(const Signature& s) {
+    return std::to_string(static_cast<int>(s.collective)) + ":" + std::to_string(s.seq) + ":" +
+           s.describe();
+  }
+  static std::string entry_words(const std::string& e) {
+    const auto a = e.find(':');
+    const auto b = a == std::string::npos ? a : e.find(':', a + 1);
+    return b == std::string::npos ? e : e.substr(b + 1);
+  }
+
+  void still_waiting() {
     if (!store_) return;
     const Signature* s = waiting_sig();
     if (s == nullptr) return;
@@ -505,14 +516,54 @@ class MeshTransport {
       return;
     }
     const double report_after = std::min(1.0, timeout_ / 4);
-    if (watch_posted_ || std::chrono::duration<double>(now - watch_since_).count() < report_after) {
+    if (!watch_posted_) {
+      if (std::chrono::duration<double>(now - watch_since_).count() < report_after) return;
+      watch_posted_ = true;
+      last_check_ = now;
+      try {
+        store_->set(progress_key_ + std::to_string(rank_), progress_entry(*s));
+      } catch (...) {
+        // best effort: the diagnosis is a hint, never a new failure
+      }
       return;
     }
-    watch_posted_ = true;
+    // While the wait goes on, look at the peers' entries now and then (4 times a second): one
+    // in this same call with other arguments is a mismatch whose messages never met (the ranks
+    // chose different algorithms for their different sizes), found now instead of at the
+    // deadline.
+    if (now - last_check_ < std::chrono::milliseconds(250)) return;
+    last_check_ = now;
+    check_peer_calls(*s);
+  }
+
+  // Throws (through fail) a MismatchError when a peer's entry is this call with other arguments.
+  void check_peer_calls(const Signature& s) {
+    if (!store_) return;
+    const std::string mine = progress_entry(s);
+    const std::string call = mine.substr(0, mine.find(':', mine.find(':') + 1) + 1);
+    int other = -1;
+    std::string theirs;
     try {
-      store_->set(progress_key_ + std::to_string(rank_), s->describe());
+      for (int p = 0; p < size_ && other < 0; ++p) {
+        if (p == rank_) continue;
+        const auto v = store_->try_get(progress_key_ + std::to_string(p));
+        if (v && *v != mine && v->rfind(call, 0) == 0) {
+          other = p;
+          theirs = entry_words(*v);
+        }
+      }
     } catch (...) {
-      // best effort: the diagnosis is a hint, never a new failure
+      return;
+    }
+    if (other < 0) return;
+    try {
+      throw MismatchError("collective mismatch: rank " + std::to_string(other) + " called " +
+                          theirs + " but rank " + std::to_string(rank_) + " called " +
+                          s.describe() +
+                          " (found while both waited: their messages never met, as happens "
+                          "when different sizes make the ranks choose different algorithms)");
+    } catch (const Error& e) {
+      fail(e);
     }
   }
 
@@ -521,7 +572,7 @@ class MeshTransport {
     if (!store_) return "";
     const Signature* s = waiting_sig();
     if (s == nullptr) return "";
-    const std::string mine = s->describe();
+    const std::string mine = progress_entry(*s);
     std::vector<int> absent;
     std::string last;
     try {
@@ -532,7 +583,8 @@ class MeshTransport {
         absent.push_back(p);
         if (absent.size() <= 4) {
           last += std::string(last.empty() ? "" : "; ") + "rank " + std::to_string(p) +
-                  (v ? " was last seen waiting in " + *v : " was not seen waiting in any operation");
+                  (v ? " was last seen waiting in " + entry_words(*v)
+                     : " was not seen waiting in any operation");
         }
       }
     } catch (...) {
@@ -544,13 +596,14 @@ class MeshTransport {
       who += std::string(i == 0 ? "" : ", ") + std::to_string(absent[i]);
     }
     if (absent.size() > 8) who += " and " + std::to_string(absent.size() - 8) + " more";
-    return std::string(absent.size() == 1 ? "; rank " : "; ranks ") + who +
-           " never reached " + mine + " (" + last +
+    return std::string(absent.size() == 1 ? "; rank " : "; ranks ") + who + " never reached " +
+           s->describe() + " (" + last +
            "): a rank skipped this call, or is stuck in other work (compute, I/O, a deadlock in "
            "the program)";
   }
 
   [[noreturn]] void timed_out() {
+    if (const Signature* s = waiting_sig()) check_peer_calls(*s);  // a mismatch, if it is one
     try {
       throw TimeoutError(timeout_message());
     } catch (const Error& e) {
@@ -591,6 +644,7 @@ class MeshTransport {
   bool watch_posted_ = false;
   Signature watch_sig_{};
   std::chrono::steady_clock::time_point watch_since_{};
+  std::chrono::steady_clock::time_point last_check_{};
   std::vector<Peer> peers_;
   detail::OpPool<detail::StreamOp> pool_;
   detail::ShmSegment own_;       // valid when some peer is local

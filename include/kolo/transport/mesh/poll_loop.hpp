@@ -90,7 +90,7 @@ class PollLoop {
       e.woken(fds_);
       e.progress();
       if (e.completions() != before) return;
-      e.still_waiting();  // a long wait is reported where the other ranks can see it
+      e.still_waiting();  // a long wait is noted where the other ranks see it (mesh.hpp)
     }
   }
 
