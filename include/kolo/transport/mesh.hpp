@@ -56,7 +56,10 @@ namespace kolo {
 struct MeshOptions {
   std::size_t shm_slot_bytes = 256 * 1024;  // S: one copy unit; large enough for memcpy speed
   std::size_t shm_slots = 8;                // K: slots per channel (pipelining depth)
-  double spin_us = -1;                      // < 0: decided from ranks per core
+  double spin_us = -1;                      // >= 0: a fixed spin budget (KOLO_SPIN_US)
+  double spin_min_us = -1;                  // < 0: decided from ranks per core
+  double spin_max_us = 1000;                // the adaptive budget's cap and start
+  int yield_every = 0;                      // 0: decided from ranks per core
   std::size_t tcp_frame_bytes = 4 << 20;
 
   static MeshOptions from_env(const EnvLookup& env = process_env()) {
@@ -67,6 +70,11 @@ struct MeshOptions {
     if (auto v = config::get_int(env, config::vars::shm_slots))
       o.shm_slots = static_cast<std::size_t>(*v);
     if (auto v = config::get_real(env, config::vars::spin_us)) o.spin_us = *v;
+    if (auto v = config::get_real(env, config::vars::spin_min_us)) o.spin_min_us = *v;
+    if (auto v = config::get_real(env, config::vars::spin_max_us)) o.spin_max_us = *v;
+    if (auto v = config::get_int(env, config::vars::yield_every)) {
+      o.yield_every = static_cast<int>(*v);
+    }
     return o;
   }
 };
@@ -240,14 +248,17 @@ class MeshTransport {
   // ---------------- setup ----------------
 
   void setup(Bootstrap& boot) {
-    double spin_us = opts_.spin_us;
-    if (spin_us < 0) {
-      // Spinning only pays while every rank of this host has its own core; otherwise it steals
-      // the core the peer needs to produce the data we wait for.
-      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-      spin_us = static_cast<unsigned>(boot.topology().local_size) <= cores ? 50.0 : 2.0;
-    }
-    loop_.set_spin_us(spin_us);
+    // The wait policy (mesh/poll_loop.hpp). Spinning pays only while every rank of this host has
+    // its own core; otherwise a spinning rank holds the core its peer needs to produce the data,
+    // so it hands the core on at every check.
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    const bool crowded = static_cast<unsigned>(boot.topology().local_size) > cores;
+    detail::WaitPolicy wait;
+    wait.fixed_us = opts_.spin_us;
+    wait.min_us = opts_.spin_min_us >= 0 ? opts_.spin_min_us : (crowded ? 20.0 : 50.0);
+    wait.max_us = opts_.spin_max_us;
+    wait.yield_every = opts_.yield_every > 0 ? opts_.yield_every : (crowded ? 1 : 1024);
+    loop_.set_policy(wait);
     detail::MeshLinks links = detail::connect_mesh(
         boot, mode_, detail::ShmGeometry{opts_.shm_slots, opts_.shm_slot_bytes},
         opts_.tcp_frame_bytes);
@@ -531,8 +542,9 @@ class MeshTransport {
         if (v && *v == mine) continue;
         absent.push_back(p);
         if (absent.size() <= 4) {
-          last += std::string(last.empty() ? "" : "; ") + "rank " + std::to_string(p) +
-                  (v ? " was last seen waiting in " + *v : " was not seen waiting in any operation");
+          last +=
+              std::string(last.empty() ? "" : "; ") + "rank " + std::to_string(p) +
+              (v ? " was last seen waiting in " + *v : " was not seen waiting in any operation");
         }
       }
     } catch (...) {
@@ -544,8 +556,8 @@ class MeshTransport {
       who += std::string(i == 0 ? "" : ", ") + std::to_string(absent[i]);
     }
     if (absent.size() > 8) who += " and " + std::to_string(absent.size() - 8) + " more";
-    return std::string(absent.size() == 1 ? "; rank " : "; ranks ") + who +
-           " never reached " + mine + " (" + last +
+    return std::string(absent.size() == 1 ? "; rank " : "; ranks ") + who + " never reached " +
+           mine + " (" + last +
            "): a rank skipped this call, or is stuck in other work (compute, I/O, a deadlock in "
            "the program)";
   }
