@@ -301,6 +301,16 @@ inline constexpr Var yield_every{
     "1 when ranks > cores, else 1024",
     "checks of the channels between two sched_yield calls while a mesh rank spins (1: hand the "
     "core on at every check)"};
+inline constexpr Var wait_spread{
+    "KOLO_WAIT_SPREAD",
+    Kind::flag,
+    Section::transport,
+    Reader::mesh,
+    0,
+    1,
+    "1 (only acts when ranks <= cores)",
+    "a spinning mesh rank that finds a local peer on its own core moves itself to another core "
+    "its affinity mask allows (the mask is left as it was)"};
 
 // ---- algorithm selection ----
 inline constexpr Var segment_bytes{"KOLO_SEGMENT_BYTES",
@@ -710,6 +720,7 @@ inline std::span<const Var* const> all_vars() {
       &vars::spin_min_us,
       &vars::spin_max_us,
       &vars::yield_every,
+      &vars::wait_spread,
       &vars::segment_bytes,
       &vars::allreduce,
       &vars::broadcast,

@@ -60,6 +60,7 @@ struct MeshOptions {
   double spin_min_us = -1;                  // < 0: decided from ranks per core
   double spin_max_us = 1000;                // the adaptive budget's cap and start
   int yield_every = 0;                      // 0: decided from ranks per core
+  bool spread = true;                       // move off a core shared with a local peer
   std::size_t tcp_frame_bytes = 4 << 20;
 
   static MeshOptions from_env(const EnvLookup& env = process_env()) {
@@ -72,6 +73,7 @@ struct MeshOptions {
     if (auto v = config::get_real(env, config::vars::spin_us)) o.spin_us = *v;
     if (auto v = config::get_real(env, config::vars::spin_min_us)) o.spin_min_us = *v;
     if (auto v = config::get_real(env, config::vars::spin_max_us)) o.spin_max_us = *v;
+    if (auto v = config::get_flag(env, config::vars::wait_spread)) o.spread = *v;
     if (auto v = config::get_int(env, config::vars::yield_every)) {
       o.yield_every = static_cast<int>(*v);
     }
@@ -258,6 +260,7 @@ class MeshTransport {
     wait.min_us = opts_.spin_min_us >= 0 ? opts_.spin_min_us : (crowded ? 20.0 : 50.0);
     wait.max_us = opts_.spin_max_us;
     wait.yield_every = opts_.yield_every > 0 ? opts_.yield_every : (crowded ? 1 : 1024);
+    wait.spread = opts_.spread && !crowded;
     loop_.set_policy(wait);
     detail::MeshLinks links = detail::connect_mesh(
         boot, mode_, detail::ShmGeometry{opts_.shm_slots, opts_.shm_slot_bytes},
@@ -458,6 +461,19 @@ class MeshTransport {
   std::uint64_t completions() const { return pool_.completions(); }
   std::size_t pending() const { return pool_.pending(); }
   detail::Doorbell* doorbell() { return own_.valid() ? &own_.doorbell() : nullptr; }
+
+  // The CPU this rank spins on, published for its local peers; whether a lower-ranked one spins
+  // there too (of two ranks on one core the higher one moves: both moving would swap cores).
+  void note_cpu(int cpu) {
+    if (own_.valid()) own_.note_cpu(cpu);
+  }
+  bool lower_peer_on_cpu(int cpu) const {
+    for (int p = 0; p < rank_; ++p) {
+      const Peer& peer = peers_[static_cast<std::size_t>(p)];
+      if (peer.route == Route::shm && !peer.shm.dead() && peer.shm.peer_cpu() == cpu) return true;
+    }
+    return false;
+  }
 
   // Live local peers' pidfds (readable when the peer exits), and the TCP sockets: readable
   // unless a frame already waits for a receive not yet posted, writable when a send stalled.

@@ -25,6 +25,12 @@
 //     from then on the rank yields at every check, so each check hands the core over (2 µs a
 //     round trip instead of 50 µs: 1024 checks between yields). A prompt yield doubles the
 //     interval again, back to yield_every.
+//   - Two ranks on one core (the scheduler's wake-up placement puts a woken rank next to the one
+//     that woke it, and on a busy host the load balancer sees no reason to part them) can only
+//     take turns. Each spinning rank publishes its CPU (sched_getcpu) in its control block; after
+//     a late yield, a rank that finds a lower-ranked local peer on its CPU moves itself to another
+//     CPU of its affinity mask (set the mask without this CPU, then back: the thread is not
+//     pinned). Only while ranks <= cores (KOLO_WAIT_SPREAD).
 //   - KOLO_SPIN_US sets a fixed budget instead (no learning).
 //
 // The loop owns only the waiting; what counts as progress and what to wait on is the engine's:
@@ -33,6 +39,8 @@
 //   e.doorbell()         this rank's Doorbell, or nullptr without local peers
 //   e.watch(fds)         appends the pollfds to sleep on besides the doorbell
 //   e.woken(fds)         after poll(): acts on their revents (a dead peer's pidfd, say)
+//   e.note_cpu(c)        publishes the CPU this rank spins on; e.lower_peer_on_cpu(c): whether a
+//                        lower-ranked local peer spins on CPU c
 //   e.still_waiting()    after each wake from poll() that brought no completion
 //   e.timed_out()        [[noreturn]]: the deadline passed
 // A different waiting strategy (a futex or eventfd doorbell, a busier or lazier spin) changes
@@ -69,6 +77,7 @@ struct WaitPolicy {
   double max_us = 1000;    // cap and starting value of the adaptive budget
   double fixed_us = -1;    // >= 0: a fixed budget, no learning (KOLO_SPIN_US)
   int yield_every = 1024;  // checks between two sched_yield calls while spinning
+  bool spread = false;     // move off a core that a local peer spins on (KOLO_WAIT_SPREAD)
 
   bool adaptive() const { return fixed_us < 0; }
 };
@@ -99,6 +108,8 @@ class PollLoop {
     // One pause per check: on current x86 a pause is ~140 cycles, so a longer pause burst is
     // pure added latency once the peer's store lands.
     int iter = 0;
+    bool moved = false;
+    if (policy_.spread) e.note_cpu(::sched_getcpu());
     for (auto now = t0; now < spin_until;) {
       cpu_relax();
       e.progress();
@@ -110,10 +121,20 @@ class PollLoop {
         // A yield that took long means another task ran on this core: likely the peer we wait
         // for (the scheduler put us on one core), so hand the core on at every check from now
         // on; a prompt one means nobody wanted it, so yield less often (up to yield_every).
-        yield_every_ = after - now > std::chrono::microseconds(kBusyYieldUs)
-                           ? 1
-                           : std::min(policy_.yield_every, 2 * yield_every_);
-        now = after;
+        if (after - now > std::chrono::microseconds(kBusyYieldUs)) {
+          yield_every_ = 1;
+          if (policy_.spread && !moved) {
+            moved = true;
+            const int cpu = ::sched_getcpu();
+            if (e.lower_peer_on_cpu(cpu) && move_off(cpu)) {
+              e.note_cpu(::sched_getcpu());
+              yield_every_ = policy_.yield_every;
+            }
+          }
+        } else {
+          yield_every_ = std::min(policy_.yield_every, 2 * yield_every_);
+        }
+        now = Clock::now();
       } else {
         now = Clock::now();
       }
@@ -124,6 +145,21 @@ class PollLoop {
   }
 
  private:
+  // Moves the calling thread off `cpu` to another CPU its affinity mask allows, and gives the
+  // mask back as it was: the thread stays where it landed until the scheduler moves it again.
+  static bool move_off(int cpu) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) return false;
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    if (::sched_getaffinity(0, sizeof(mask), &mask) != 0) return false;
+    if (!CPU_ISSET(cpu, &mask) || CPU_COUNT(&mask) < 2) return false;
+    cpu_set_t others = mask;
+    CPU_CLR(cpu, &others);
+    if (::sched_setaffinity(0, sizeof(others), &others) != 0) return false;
+    [[maybe_unused]] const int rc = ::sched_setaffinity(0, sizeof(mask), &mask);
+    return true;
+  }
+
   // A wait that went past the spin budget and slept, `ns` long in all.
   void learn(double ns) {
     const double cap = policy_.max_us * 1000;
