@@ -142,7 +142,12 @@ class ShmSegment {
   bool valid() const { return ctrl_ != nullptr; }
   Doorbell& doorbell() { return bell_; }
   // Where this rank spins now, for the local peers' wait policy (mesh/poll_loop.hpp): a hint.
-  void note_cpu(int cpu) { ctrl_->cpu.store(cpu, std::memory_order_relaxed); }
+  // Written only when it changes: the line is the one producers read `sleeping` from.
+  void note_cpu(int cpu) {
+    if (ctrl_->cpu.load(std::memory_order_relaxed) != cpu) {
+      ctrl_->cpu.store(cpu, std::memory_order_relaxed);
+    }
+  }
   // The inbound ring of the local rank with index `local_index`.
   std::byte* inbound_ring(std::size_t local_index) const {
     return static_cast<std::byte*>(mapping_->base) + kShmControlBytes +
