@@ -20,9 +20,10 @@ std::unique_ptr<Impl> make_kolo_impl(const KoloConfig& cfg) {
       break;
   }
   const MeshOptions mo = MeshOptions::from_env();
-  std::string desc = std::string(route) + "; shm " + std::to_string(mo.shm_slots) + " slots x " +
-                     std::to_string(mo.shm_slot_bytes) + " B per channel, spin " +
-                     (mo.spin_us < 0 ? std::string("auto") : std::to_string(mo.spin_us) + " us");
+  std::string desc =
+      std::string(route) + "; shm " + std::to_string(mo.shm_slots) + " slots x " +
+      std::to_string(mo.shm_slot_bytes) + " B per channel, spin " +
+      (mo.spin_us < 0 ? std::string("adaptive") : std::to_string(mo.spin_us) + " us");
   return std::make_unique<KoloImpl<MeshTransport>>(Communicator<>::from_env(), cfg,
                                                    std::move(desc));
 }

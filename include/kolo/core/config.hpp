@@ -267,8 +267,50 @@ inline constexpr Var spin_us{
     Reader::mesh,
     0,
     1e6,
-    "50 when ranks <= cores, else 2",
-    "microseconds a waiting rank spins (yielding) before it sleeps (also read by MpiTransport)"};
+    "adaptive (KOLO_SPIN_MIN_US to KOLO_SPIN_MAX_US); MpiTransport: 50 when ranks <= cores, "
+    "else 2",
+    "microseconds a waiting rank spins (yielding) before it sleeps; set, a fixed budget that "
+    "turns the mesh's adaptive budget off (also read by MpiTransport)"};
+inline constexpr Var spin_min_us{
+    "KOLO_SPIN_MIN_US",
+    Kind::real,
+    Section::transport,
+    Reader::mesh,
+    0,
+    1e6,
+    "50 when ranks <= cores, else 20",
+    "floor of the mesh's adaptive spin budget: a wait longer than KOLO_SPIN_MAX_US halves the "
+    "budget, down to this"};
+inline constexpr Var spin_max_us{
+    "KOLO_SPIN_MAX_US",
+    Kind::real,
+    Section::transport,
+    Reader::mesh,
+    0,
+    1e6,
+    "1000",
+    "cap and starting value of the mesh's adaptive spin budget: a wait that slept but ended "
+    "within it raises the budget to twice that wait, up to this"};
+inline constexpr Var yield_every{
+    "KOLO_YIELD_EVERY",
+    Kind::integer,
+    Section::transport,
+    Reader::mesh,
+    1,
+    1 << 20,
+    "1 when ranks > cores, else 1024",
+    "checks of the channels between two sched_yield calls while a mesh rank spins (1: hand the "
+    "core on at every check)"};
+inline constexpr Var wait_spread{
+    "KOLO_WAIT_SPREAD",
+    Kind::flag,
+    Section::transport,
+    Reader::mesh,
+    0,
+    1,
+    "1 (only acts when ranks <= cores)",
+    "a spinning mesh rank that finds a local peer on its own core moves itself to another core "
+    "its affinity mask allows (the mask is left as it was)"};
 
 // ---- algorithm selection ----
 inline constexpr Var segment_bytes{"KOLO_SEGMENT_BYTES",
@@ -688,6 +730,10 @@ inline std::span<const Var* const> all_vars() {
       &vars::shm_slot_bytes,
       &vars::shm_slots,
       &vars::spin_us,
+      &vars::spin_min_us,
+      &vars::spin_max_us,
+      &vars::yield_every,
+      &vars::wait_spread,
       &vars::segment_bytes,
       &vars::allreduce,
       &vars::broadcast,

@@ -56,7 +56,11 @@ namespace kolo {
 struct MeshOptions {
   std::size_t shm_slot_bytes = 256 * 1024;  // S: one copy unit; large enough for memcpy speed
   std::size_t shm_slots = 8;                // K: slots per channel (pipelining depth)
-  double spin_us = -1;                      // < 0: decided from ranks per core
+  double spin_us = -1;                      // >= 0: a fixed spin budget (KOLO_SPIN_US)
+  double spin_min_us = -1;                  // < 0: decided from ranks per core
+  double spin_max_us = 1000;                // the adaptive budget's cap and start
+  int yield_every = 0;                      // 0: decided from ranks per core
+  bool spread = true;                       // move off a core shared with a local peer
   std::size_t tcp_frame_bytes = 4 << 20;
 
   static MeshOptions from_env(const EnvLookup& env = process_env()) {
@@ -67,6 +71,12 @@ struct MeshOptions {
     if (auto v = config::get_int(env, config::vars::shm_slots))
       o.shm_slots = static_cast<std::size_t>(*v);
     if (auto v = config::get_real(env, config::vars::spin_us)) o.spin_us = *v;
+    if (auto v = config::get_real(env, config::vars::spin_min_us)) o.spin_min_us = *v;
+    if (auto v = config::get_real(env, config::vars::spin_max_us)) o.spin_max_us = *v;
+    if (auto v = config::get_flag(env, config::vars::wait_spread)) o.spread = *v;
+    if (auto v = config::get_int(env, config::vars::yield_every)) {
+      o.yield_every = static_cast<int>(*v);
+    }
     return o;
   }
 };
@@ -240,14 +250,18 @@ class MeshTransport {
   // ---------------- setup ----------------
 
   void setup(Bootstrap& boot) {
-    double spin_us = opts_.spin_us;
-    if (spin_us < 0) {
-      // Spinning only pays while every rank of this host has its own core; otherwise it steals
-      // the core the peer needs to produce the data we wait for.
-      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-      spin_us = static_cast<unsigned>(boot.topology().local_size) <= cores ? 50.0 : 2.0;
-    }
-    loop_.set_spin_us(spin_us);
+    // The wait policy (mesh/poll_loop.hpp). Spinning pays only while every rank of this host has
+    // its own core; otherwise a spinning rank holds the core its peer needs to produce the data,
+    // so it hands the core on at every check.
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    const bool crowded = static_cast<unsigned>(boot.topology().local_size) > cores;
+    detail::WaitPolicy wait;
+    wait.fixed_us = opts_.spin_us;
+    wait.min_us = opts_.spin_min_us >= 0 ? opts_.spin_min_us : (crowded ? 20.0 : 50.0);
+    wait.max_us = opts_.spin_max_us;
+    wait.yield_every = opts_.yield_every > 0 ? opts_.yield_every : (crowded ? 1 : 1024);
+    wait.spread = opts_.spread && !crowded;
+    loop_.set_policy(wait);
     detail::MeshLinks links = detail::connect_mesh(
         boot, mode_, detail::ShmGeometry{opts_.shm_slots, opts_.shm_slot_bytes},
         opts_.tcp_frame_bytes);
@@ -447,6 +461,19 @@ class MeshTransport {
   std::uint64_t completions() const { return pool_.completions(); }
   std::size_t pending() const { return pool_.pending(); }
   detail::Doorbell* doorbell() { return own_.valid() ? &own_.doorbell() : nullptr; }
+
+  // The CPU this rank spins on, published for its local peers; whether a lower-ranked one spins
+  // there too (of two ranks on one core the higher one moves: both moving would swap cores).
+  void note_cpu(int cpu) {
+    if (own_.valid()) own_.note_cpu(cpu);
+  }
+  bool lower_peer_on_cpu(int cpu) const {
+    for (int p = 0; p < rank_; ++p) {
+      const Peer& peer = peers_[static_cast<std::size_t>(p)];
+      if (peer.route == Route::shm && !peer.shm.dead() && peer.shm.peer_cpu() == cpu) return true;
+    }
+    return false;
+  }
 
   // Live local peers' pidfds (readable when the peer exits), and the TCP sockets: readable
   // unless a frame already waits for a receive not yet posted, writable when a send stalled.

@@ -2,15 +2,36 @@
 //
 // Progress is made by the thread that waits (no progress thread). When a wait cannot be answered
 // at once, the loop first spins: cheap re-checks of the shared-memory flags while the peer is
-// likely running right now, for spin_us (50 µs while every local rank has a core, 2 µs when
-// ranks outnumber cores: spinning then steals the core the peer needs to produce the data), with
-// a sched_yield every 1024 checks. Then it sleeps in one poll() on everything that can bring
-// progress, whatever the route: this rank's doorbell (local peers ring it, doorbell.hpp), its
-// local peers' pidfds (readable when a peer dies), and its TCP sockets (readable, or writable
-// when a send is stalled). One wait for all of them is why the mesh is one engine and not a
-// shared-memory transport composed with a TCP one: two transports would block in two primitives
-// and one of them would always be late. The sleep is capped at 200 ms, and the deadline ends the
-// wait with the engine's TimeoutError.
+// likely running right now. Then it sleeps in one poll() on everything that can bring progress,
+// whatever the route: this rank's doorbell (local peers ring it, doorbell.hpp), its local peers'
+// pidfds (readable when a peer dies), and its TCP sockets (readable, or writable when a send is
+// stalled). One wait for all of them is why the mesh is one engine and not a shared-memory
+// transport composed with a TCP one: two transports would block in two primitives and one of
+// them would always be late. The sleep is capped at 200 ms, and the deadline ends the wait with
+// the engine's TimeoutError.
+//
+// The wait policy (WaitPolicy; docs/performance.md, "Waiting"):
+//   - The spin budget adapts to the waits this rank has seen. It starts at the cap
+//     (KOLO_SPIN_MAX_US), so the first operations of a job are not slowed by a guess. A wait
+//     that went to sleep but ended within the cap raises the budget to twice that wait: spinning
+//     would have answered it without a wake-up, and a wake-up here costs 50-100 µs, longer than
+//     the old fixed 50 µs window, so once one rank slept its peer slept too, operation after
+//     operation. A wait longer than the cap halves the budget, down to the floor
+//     (KOLO_SPIN_MIN_US): spinning through waits that long (a peer computing) only burns a core.
+//   - Spinning yields the core, and how often is learned too. At most every yield_every checks
+//     (KOLO_YIELD_EVERY: 1024 while every local rank has a core, 1 when local ranks outnumber
+//     cores). A sched_yield that returns late (> 5 µs) means another task ran on this core,
+//     typically the peer we wait for, which the scheduler's wake-up placement put on our core:
+//     from then on the rank yields at every check, so each check hands the core over (2 µs a
+//     round trip instead of 50 µs: 1024 checks between yields). A prompt yield doubles the
+//     interval again, back to yield_every.
+//   - Two ranks on one core (the scheduler's wake-up placement puts a woken rank next to the one
+//     that woke it, and on a busy host the load balancer sees no reason to part them) can only
+//     take turns. Each spinning rank publishes its CPU (sched_getcpu) in its control block; after
+//     a late yield, a rank that finds a lower-ranked local peer on its CPU moves itself to another
+//     CPU of its affinity mask (set the mask without this CPU, then back: the thread is not
+//     pinned). Only while ranks <= cores (KOLO_WAIT_SPREAD).
+//   - KOLO_SPIN_US sets a fixed budget instead (no learning).
 //
 // The loop owns only the waiting; what counts as progress and what to wait on is the engine's:
 //   e.progress()         non-blocking progress on every peer (throws the engine's error)
@@ -18,6 +39,9 @@
 //   e.doorbell()         this rank's Doorbell, or nullptr without local peers
 //   e.watch(fds)         appends the pollfds to sleep on besides the doorbell
 //   e.woken(fds)         after poll(): acts on their revents (a dead peer's pidfd, say)
+//   e.note_cpu(c)        publishes the CPU this rank spins on; e.lower_peer_on_cpu(c): whether a
+//                        lower-ranked local peer spins on CPU c
+//   e.still_waiting()    after each wake from poll() that brought no completion
 //   e.timed_out()        [[noreturn]]: the deadline passed
 // A different waiting strategy (a futex or eventfd doorbell, a busier or lazier spin) changes
 // this file and doorbell.hpp, nothing else.
@@ -26,6 +50,7 @@
 #include <poll.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -46,11 +71,29 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+// How a waiting rank spins before it sleeps; see the top of this file.
+struct WaitPolicy {
+  double min_us = 50;      // floor of the adaptive budget
+  double max_us = 1000;    // cap and starting value of the adaptive budget
+  double fixed_us = -1;    // >= 0: a fixed budget, no learning (KOLO_SPIN_US)
+  int yield_every = 1024;  // checks between two sched_yield calls while spinning
+  bool spread = false;     // move off a core that a local peer spins on (KOLO_WAIT_SPREAD)
+
+  bool adaptive() const { return fixed_us < 0; }
+};
+
 class PollLoop {
  public:
-  // How long to spin before sleeping.
-  void set_spin_us(double us) { spin_us_ = us; }
-  double spin_us() const { return spin_us_; }
+  void set_policy(const WaitPolicy& p) {
+    policy_ = p;
+    if (policy_.max_us < policy_.min_us) policy_.max_us = policy_.min_us;
+    if (policy_.yield_every < 1) policy_.yield_every = 1;
+    budget_ns_ = (p.adaptive() ? policy_.max_us : p.fixed_us) * 1000;
+    yield_every_ = policy_.yield_every;
+  }
+  const WaitPolicy& policy() const { return policy_; }
+  // The spin budget the next wait starts with, in microseconds.
+  double spin_us() const { return budget_ns_ / 1000; }
 
   // Returns once an operation of `e` has completed since the call, or at once when nothing is
   // outstanding; e.timed_out() when the deadline passes first.
@@ -60,17 +103,75 @@ class PollLoop {
     e.progress();
     if (e.completions() != before || e.pending() == 0) return;
     // Spin: cheap polling of shared-memory flags while the peer is likely running right now.
-    const auto spin_until =
-        Clock::now() + std::chrono::nanoseconds(static_cast<long long>(spin_us_ * 1000));
+    const auto t0 = Clock::now();
+    const auto spin_until = t0 + std::chrono::nanoseconds(static_cast<long long>(budget_ns_));
     // One pause per check: on current x86 a pause is ~140 cycles, so a longer pause burst is
     // pure added latency once the peer's store lands.
     int iter = 0;
-    while (Clock::now() < spin_until) {
+    bool moved = false;
+    if (policy_.spread) e.note_cpu(::sched_getcpu());
+    for (auto now = t0; now < spin_until;) {
       cpu_relax();
       e.progress();
       if (e.completions() != before) return;
-      if (++iter % 1024 == 0) ::sched_yield();
+      if (++iter >= yield_every_) {
+        iter = 0;
+        ::sched_yield();
+        const auto after = Clock::now();
+        // A yield that took long means another task ran on this core: likely the peer we wait
+        // for (the scheduler put us on one core), so hand the core on at every check from now
+        // on; a prompt one means nobody wanted it, so yield less often (up to yield_every).
+        if (after - now > std::chrono::microseconds(kBusyYieldUs)) {
+          yield_every_ = 1;
+          if (policy_.spread && !moved) {
+            moved = true;
+            const int cpu = ::sched_getcpu();
+            if (e.lower_peer_on_cpu(cpu) && move_off(cpu)) {
+              e.note_cpu(::sched_getcpu());
+              yield_every_ = policy_.yield_every;
+            }
+          }
+        } else {
+          yield_every_ = std::min(policy_.yield_every, 2 * yield_every_);
+        }
+        now = Clock::now();
+      } else {
+        now = Clock::now();
+      }
     }
+    sleep_until_progress(e, dl, before);
+    if (policy_.adaptive())
+      learn(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
+  }
+
+ private:
+  // Moves the calling thread off `cpu` to another CPU its affinity mask allows, and gives the
+  // mask back as it was: the thread stays where it landed until the scheduler moves it again.
+  static bool move_off(int cpu) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) return false;
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    if (::sched_getaffinity(0, sizeof(mask), &mask) != 0) return false;
+    if (!CPU_ISSET(cpu, &mask) || CPU_COUNT(&mask) < 2) return false;
+    cpu_set_t others = mask;
+    CPU_CLR(cpu, &others);
+    if (::sched_setaffinity(0, sizeof(others), &others) != 0) return false;
+    [[maybe_unused]] const int rc = ::sched_setaffinity(0, sizeof(mask), &mask);
+    return true;
+  }
+
+  // A wait that went past the spin budget and slept, `ns` long in all.
+  void learn(double ns) {
+    const double cap = policy_.max_us * 1000;
+    if (ns <= cap) {
+      budget_ns_ = std::min(cap, std::max(budget_ns_, 2 * ns));
+    } else {
+      budget_ns_ = std::max(policy_.min_us * 1000, budget_ns_ / 2);
+    }
+  }
+
+  template <class Engine>
+  void sleep_until_progress(Engine& e, const Deadline& dl, std::uint64_t before) {
     Doorbell* bell = e.doorbell();
     for (;;) {
       if (dl.expired()) e.timed_out();
@@ -94,8 +195,12 @@ class PollLoop {
     }
   }
 
- private:
-  double spin_us_ = 0;
+  // A sched_yield that returns later than this handed the core to another task.
+  static constexpr int kBusyYieldUs = 5;
+
+  WaitPolicy policy_;
+  double budget_ns_ = 50000;
+  int yield_every_ = 1024;  // checks between yields now: 1 .. policy_.yield_every
   std::vector<pollfd> fds_;
 };
 

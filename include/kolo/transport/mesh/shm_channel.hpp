@@ -57,7 +57,8 @@ static_assert(sizeof(ShmSlotHeader) == 64);
 
 struct alignas(64) ShmControl {
   std::atomic<std::uint32_t> sleeping;  // owner is (about to be) blocked in poll()
-  std::uint32_t pad0[15];
+  std::atomic<std::int32_t> cpu;        // the CPU the owner last spun on; -1 not known
+  std::uint32_t pad0[14];
   std::atomic<std::uint32_t> aborted;  // 0 no, 1 being written, 2 ready to read
   std::int32_t abort_kind;
   std::int32_t abort_origin;
@@ -128,6 +129,7 @@ class ShmSegment {
     mapping_ = map_shm_segment(shm_segment_name(token, rank), g.segment_bytes(local_ranks), true);
     ctrl_ = new (mapping_->base) ShmControl();
     ctrl_->pid = static_cast<std::int32_t>(::getpid());
+    ctrl_->cpu.store(-1, std::memory_order_relaxed);
     bell_.create(doorbell_path(token, rank), &ctrl_->sleeping);
   }
 
@@ -139,6 +141,13 @@ class ShmSegment {
 
   bool valid() const { return ctrl_ != nullptr; }
   Doorbell& doorbell() { return bell_; }
+  // Where this rank spins now, for the local peers' wait policy (mesh/poll_loop.hpp): a hint.
+  // Written only when it changes: the line is the one producers read `sleeping` from.
+  void note_cpu(int cpu) {
+    if (ctrl_->cpu.load(std::memory_order_relaxed) != cpu) {
+      ctrl_->cpu.store(cpu, std::memory_order_relaxed);
+    }
+  }
   // The inbound ring of the local rank with index `local_index`.
   std::byte* inbound_ring(std::size_t local_index) const {
     return static_cast<std::byte*>(mapping_->base) + kShmControlBytes +
@@ -278,6 +287,11 @@ class ShmChannel {
   }
 
   // The peer's process handle (readable once it has exited), -1 without pidfd_open.
+  // The CPU the peer last spun on (-1: not known); a hint, read without ordering.
+  int peer_cpu() const {
+    return peer_ctrl_ ? peer_ctrl_->cpu.load(std::memory_order_relaxed) : -1;
+  }
+
   int pidfd() const {
     return pidfd_;
   }
