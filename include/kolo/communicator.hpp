@@ -148,20 +148,25 @@ class Communicator {
     return Communicator(Topology::from_env());
   }
 
-  explicit Communicator(Topology topo, CommunicatorOptions opts =
-                                           CommunicatorOptions::from_env()) requires Connectable<T>;
+  // The options default to CommunicatorOptions::from_env(). (Overloads rather than default
+  // arguments: a default argument is compiled in the caller's file, and this one reads and
+  // checks every KOLO_<COLLECTIVE> rule against the algorithm registries.)
+  explicit Communicator(Topology topo) requires Connectable<T>;
+  explicit Communicator(Topology topo, CommunicatorOptions opts) requires Connectable<T>;
 
   // Rendezvous through a store that exists already (a framework's: PyTorch's c10d store via
   // kolo_torch, or any KvStore) instead of the environment's KOLO_STORE. topo needs rank and
   // size (Topology::for_rank reads the optional KOLO_* knobs); `prefix` namespaces the keys:
   // the ranks of one communicator pass the same prefix, distinct communicators distinct ones.
+  Communicator(Topology topo, std::shared_ptr<KvStore> store,
+               std::string prefix) requires Connectable<T>;
   Communicator(Topology topo, std::shared_ptr<KvStore> store, std::string prefix,
-               CommunicatorOptions opts = CommunicatorOptions::from_env()) requires Connectable<T>;
+               CommunicatorOptions opts) requires Connectable<T>;
 
   // Adopts a transport built elsewhere (e.g. from an MPI communicator: no store, no KOLO_*
   // variables). Its topology comes from the transport when it has one.
-  explicit Communicator(std::unique_ptr<T> transport,
-                        CommunicatorOptions opts = CommunicatorOptions::from_env());
+  explicit Communicator(std::unique_ptr<T> transport);
+  explicit Communicator(std::unique_ptr<T> transport, CommunicatorOptions opts);
 
   // Defined out of the class (not inline), so that an explicit instantiation declaration
   // (kolo/compiled_core.hpp) keeps them out of the user's object file too.
@@ -416,6 +421,20 @@ template <class T>
 Communicator<T>& Communicator<T>::operator=(Communicator&&) noexcept = default;
 template <class T>
 Communicator<T>::~Communicator() = default;
+
+template <class T>
+Communicator<T>::Communicator(Topology topo) requires Connectable<T>
+    : Communicator(std::move(topo), CommunicatorOptions::from_env()) {}
+
+template <class T>
+Communicator<T>::Communicator(Topology topo, std::shared_ptr<KvStore> store,
+                              std::string prefix) requires Connectable<T>
+    : Communicator(std::move(topo), std::move(store), std::move(prefix),
+                   CommunicatorOptions::from_env()) {}
+
+template <class T>
+Communicator<T>::Communicator(std::unique_ptr<T> transport)
+    : Communicator(std::move(transport), CommunicatorOptions::from_env()) {}
 
 template <class T>
 Communicator<T>::Communicator(Topology topo, CommunicatorOptions opts) requires Connectable<T>

@@ -142,7 +142,9 @@ class Engine {
   using clock = std::chrono::steady_clock;
 
  public:
-  explicit Engine(Communicator<T> comm, EngineOptions opts = EngineOptions::from_env());
+  // The options default to EngineOptions::from_env() (an overload: see Communicator's).
+  explicit Engine(Communicator<T> comm);
+  explicit Engine(Communicator<T> comm, EngineOptions opts);
 
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -1686,6 +1688,9 @@ class Engine {
 // ---- the entry points, out of the class and not inline: under KOLO_COMPILED_CORE
 // (core/compiled_core.hpp) the explicit instantiation declarations at the end of this file keep
 // them, and the private members only they call, out of the user's object file ----
+
+template <class T>
+Engine<T>::Engine(Communicator<T> comm) : Engine(std::move(comm), EngineOptions::from_env()) {}
 
 template <class T>
 Engine<T>::Engine(Communicator<T> comm, EngineOptions opts)
