@@ -27,7 +27,8 @@ echo "cpus: $(nproc); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 one() {  # binary label size iters warmup
   local line
   line="$("$run" -np 2 --timeout 300 "$build/benchmarks/$1" --transport shm -b "$3" -e "$3" \
-           -n "$4" -w "$5" | awk '$1 ~ /^[0-9]+$/ { print $6, $8 }' | head -1)"
+           -n "$4" -w "$5" | sed -n 's/^\[0\] *//p' | awk '$1 ~ /^[0-9]+$/ { print $6, $8 }' |
+           head -1)"
   echo "$2 $3 $line" >> "$out"
 }
 for ((i = 1; i <= repeats; ++i)); do
