@@ -40,6 +40,7 @@
 #include "kolo/algorithm/rooted.hpp"
 #include "kolo/algorithm/selector.hpp"
 #include "kolo/algorithm/tuning_probe.hpp"
+#include "kolo/core/compiled_core.hpp"
 #include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
@@ -147,38 +148,31 @@ class Communicator {
     return Communicator(Topology::from_env());
   }
 
-  explicit Communicator(Topology topo, CommunicatorOptions opts =
-                                           CommunicatorOptions::from_env()) requires Connectable<T>
-      : opts_(opts) {
-    connect(std::move(topo), nullptr, {});
-  }
+  // The options default to CommunicatorOptions::from_env(). (Overloads rather than default
+  // arguments: a default argument is compiled in the caller's file, and this one reads and
+  // checks every KOLO_<COLLECTIVE> rule against the algorithm registries.)
+  explicit Communicator(Topology topo) requires Connectable<T>;
+  explicit Communicator(Topology topo, CommunicatorOptions opts) requires Connectable<T>;
 
   // Rendezvous through a store that exists already (a framework's: PyTorch's c10d store via
   // kolo_torch, or any KvStore) instead of the environment's KOLO_STORE. topo needs rank and
   // size (Topology::for_rank reads the optional KOLO_* knobs); `prefix` namespaces the keys:
   // the ranks of one communicator pass the same prefix, distinct communicators distinct ones.
+  Communicator(Topology topo, std::shared_ptr<KvStore> store,
+               std::string prefix) requires Connectable<T>;
   Communicator(Topology topo, std::shared_ptr<KvStore> store, std::string prefix,
-               CommunicatorOptions opts = CommunicatorOptions::from_env()) requires Connectable<T>
-      : opts_(opts) {
-    connect(std::move(topo), std::move(store), std::move(prefix));
-  }
+               CommunicatorOptions opts) requires Connectable<T>;
 
   // Adopts a transport built elsewhere (e.g. from an MPI communicator: no store, no KOLO_*
   // variables). Its topology comes from the transport when it has one.
-  explicit Communicator(std::unique_ptr<T> transport,
-                        CommunicatorOptions opts = CommunicatorOptions::from_env())
-      : transport_(std::move(transport)), opts_(opts) {
-    if constexpr (HasTopology<T>) {
-      topo_ = transport_->topology();
-    } else {
-      topo_.rank = transport_->rank();
-      topo_.size = transport_->size();
-    }
-    setup_selector();
-  }
+  explicit Communicator(std::unique_ptr<T> transport);
+  explicit Communicator(std::unique_ptr<T> transport, CommunicatorOptions opts);
 
-  Communicator(Communicator&&) noexcept = default;
-  Communicator& operator=(Communicator&&) noexcept = default;
+  // Defined out of the class (not inline), so that an explicit instantiation declaration
+  // (kolo/compiled_core.hpp) keeps them out of the user's object file too.
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+  ~Communicator();
 
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }
@@ -211,22 +205,7 @@ class Communicator {
   const HostGroups& host_groups() const { return groups_; }
 
   // ---- allreduce ----
-  void allreduce(TensorView in, TensorView out, ReduceOp op = ReduceOp::sum) {
-    run(Collective::allreduce, in.dtype, op, in.count, -1, 0, [&](const AlgoOptions& opt) {
-      check_cpu(in, "allreduce input");
-      check_cpu(out, "allreduce output");
-      same_type(in, out, "allreduce");
-      if (in.count != out.count) {
-        throw ConfigError("allreduce: input has " + std::to_string(in.count) +
-                          " elements but output has " + std::to_string(out.count));
-      }
-      check_overlap("allreduce", in, out, in.data);
-      if constexpr (HasNativeAllreduce<T>) {
-        if (transport_->native_allreduce(in.data, out.data, in.count, in.dtype, op, opt)) return;
-      }
-      run_allreduce(in.data, out.data, in.count, in.dtype, op, opt);
-    });
-  }
+  void allreduce(TensorView in, TensorView out, ReduceOp op = ReduceOp::sum);
   void allreduce(TensorView inout, ReduceOp op = ReduceOp::sum) { allreduce(inout, inout, op); }
   // In place on any contiguous range: comm.allreduce(vec), comm.allreduce(vec, ReduceOp::max).
   template <ContiguousBuffer R>
@@ -235,190 +214,32 @@ class Communicator {
   }
 
   // ---- allgather / allgatherv ----
-  void allgather(TensorView in, TensorView out) {
-    run(Collective::allgather, in.dtype, ReduceOp::sum, in.count, -1, 0,
-        [&](const AlgoOptions& opt) {
-          check_cpu(in, "allgather input");
-          check_cpu(out, "allgather output");
-          same_type(in, out, "allgather");
-          if (out.count != in.count * static_cast<std::size_t>(size())) {
-            throw ConfigError("allgather: output has " + std::to_string(out.count) +
-                              " elements, expected size x input = " + std::to_string(size()) +
-                              " x " + std::to_string(in.count));
-          }
-          check_overlap("allgather", in, out,
-                        out.byte_data() + static_cast<std::size_t>(rank()) * in.bytes());
-          const std::vector<std::size_t> counts(static_cast<std::size_t>(size()), in.count);
-          if constexpr (HasNativeAllgatherv<T>) {
-            if (transport_->native_allgatherv(in.data, out.data, counts, in.dtype, opt)) return;
-          }
-          run_allgather(in.data, out.data, counts, dtype_size(in.dtype), opt);
-        });
-  }
+  void allgather(TensorView in, TensorView out);
 
-  void allgatherv(TensorView in, TensorView out, std::span<const std::size_t> counts) {
-    // The counts' hash travels in the signature: ranks that disagree on them are caught.
-    std::uint64_t h = 1469598103934665603ull;
-    std::size_t sum = 0;
-    for (std::size_t c : counts) {
-      h = (h ^ c) * 1099511628211ull;
-      sum += c;
-    }
-    // Ranks contribute different counts here, so the signature carries the total.
-    run(Collective::allgatherv, in.dtype, ReduceOp::sum, sum, -1, h, [&](const AlgoOptions& opt) {
-      check_cpu(in, "allgatherv input");
-      check_cpu(out, "allgatherv output");
-      same_type(in, out, "allgatherv");
-      if (counts.size() != static_cast<std::size_t>(size())) {
-        throw ConfigError("allgatherv: counts has " + std::to_string(counts.size()) +
-                          " entries for " + std::to_string(size()) + " ranks");
-      }
-      if (counts[static_cast<std::size_t>(rank())] != in.count) {
-        throw ConfigError("allgatherv: counts[" + std::to_string(rank()) +
-                          "] = " + std::to_string(counts[static_cast<std::size_t>(rank())]) +
-                          " but this rank's input has " + std::to_string(in.count) + " elements");
-      }
-      const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-      if (out.count != total) {
-        throw ConfigError("allgatherv: output has " + std::to_string(out.count) +
-                          " elements, the counts add up to " + std::to_string(total));
-      }
-      const std::size_t before =
-          std::accumulate(counts.begin(), counts.begin() + rank(), std::size_t{0});
-      check_overlap("allgatherv", in, out, out.byte_data() + before * dtype_size(out.dtype));
-      if constexpr (HasNativeAllgatherv<T>) {
-        if (transport_->native_allgatherv(in.data, out.data, counts, in.dtype, opt)) return;
-      }
-      run_allgather(in.data, out.data, counts, dtype_size(in.dtype), opt);
-    });
-  }
+  void allgatherv(TensorView in, TensorView out, std::span<const std::size_t> counts);
 
   // ---- broadcast ----
-  void broadcast(TensorView data, int root = 0) {
-    run(Collective::broadcast, data.dtype, ReduceOp::sum, data.count, root, 0,
-        [&](const AlgoOptions& opt) {
-          check_cpu(data, "broadcast buffer");
-          check_root(root, "broadcast");
-          if constexpr (HasNativeBroadcast<T>) {
-            if (transport_->native_broadcast(data.data, data.count, data.dtype, root, opt)) return;
-          }
-          BroadcastArgs a;
-          a.data = data.data;
-          a.nbytes = data.bytes();
-          a.root = root;
-          last_broadcast_ = selector_.run<BroadcastAlgorithm>(*transport_, a, opt, context());
-        });
-  }
+  void broadcast(TensorView data, int root = 0);
   template <ContiguousBuffer R>
   void broadcast(R&& data, int root = 0) {
     broadcast(buffer_view(data), root);
   }
 
   // ---- reduce_scatter ----
-  void reduce_scatter(TensorView in, TensorView out, ReduceOp op = ReduceOp::sum) {
-    run(Collective::reduce_scatter, in.dtype, op, out.count, -1, 0, [&](const AlgoOptions& opt) {
-      check_cpu(in, "reduce_scatter input");
-      check_cpu(out, "reduce_scatter output");
-      same_type(in, out, "reduce_scatter");
-      if (in.count != out.count * static_cast<std::size_t>(size())) {
-        throw ConfigError("reduce_scatter: input has " + std::to_string(in.count) +
-                          " elements, expected size x output = " + std::to_string(size()) + " x " +
-                          std::to_string(out.count));
-      }
-      check_overlap("reduce_scatter", in, out,
-                    in.byte_data() + static_cast<std::size_t>(rank()) * out.bytes());
-      if constexpr (HasNativeReduceScatter<T>) {
-        if (transport_->native_reduce_scatter(in.data, out.data, out.count, in.dtype, op, opt)) {
-          return;
-        }
-      }
-      ReduceScatterArgs a;
-      a.in = in.data;
-      a.out = out.data;
-      a.count = out.count;
-      a.dtype = in.dtype;
-      a.op = op;
-      a.size = size();
-      last_reduce_scatter_ = selector_.run<ReduceScatterAlgorithm>(*transport_, a, opt, context());
-    });
-  }
+  void reduce_scatter(TensorView in, TensorView out, ReduceOp op = ReduceOp::sum);
 
   // ---- alltoall ----
-  void alltoall(TensorView in, TensorView out) {
-    run(Collective::alltoall, in.dtype, ReduceOp::sum, in.count, -1, 0,
-        [&](const AlgoOptions& opt) {
-          check_cpu(in, "alltoall input");
-          check_cpu(out, "alltoall output");
-          same_type(in, out, "alltoall");
-          if (in.count != out.count || in.count % static_cast<std::size_t>(size()) != 0) {
-            throw ConfigError("alltoall: input (" + std::to_string(in.count) + ") and output (" +
-                              std::to_string(out.count) +
-                              ") must have the same count, divisible by the size " +
-                              std::to_string(size()));
-          }
-          if (in.data == out.data && in.count > 0 && size() > 1) {
-            throw ConfigError("alltoall: in-place is not supported; pass distinct buffers");
-          }
-          check_overlap("alltoall", in, out, nullptr);
-          if constexpr (HasNativeAlltoall<T>) {
-            if (transport_->native_alltoall(in.data, out.data,
-                                            in.count / static_cast<std::size_t>(size()), in.dtype,
-                                            opt)) {
-              return;
-            }
-          }
-          AlltoallArgs a;
-          a.in = in.data;
-          a.out = out.data;
-          a.block_bytes = in.count / static_cast<std::size_t>(size()) * dtype_size(in.dtype);
-          a.size = size();
-          last_alltoall_ = selector_.run<AlltoallAlgorithm>(*transport_, a, opt, context());
-        });
-  }
+  void alltoall(TensorView in, TensorView out);
 
   // ---- barrier ----
-  void barrier() {
-    run(Collective::barrier, DataType::uint8, ReduceOp::sum, 0, -1, 0, [&](const AlgoOptions& opt) {
-      if constexpr (HasNativeBarrier<T>) {
-        if (transport_->native_barrier(opt)) return;
-      }
-      barrier_dissemination(*transport_, opt);
-    });
-  }
+  void barrier();
 
   // ---- reduce (to one root) ----
   // The root's `out` receives the reduction of every rank's `in` (in.count elements); on other
   // ranks `out` is ignored (pass TensorView{}). In place on the root: out.data == in.data.
   // Small messages go up a binomial tree (log2 n steps); large ones run the selected allreduce,
   // whose result non-roots discard (the same bandwidth term as reduce-scatter + gather).
-  void reduce(TensorView in, TensorView out, ReduceOp op, int root) {
-    run(Collective::reduce, in.dtype, op, in.count, root, 0, [&](const AlgoOptions& opt) {
-      check_cpu(in, "reduce input");
-      check_root(root, "reduce");
-      const bool is_root = rank() == root;
-      if (is_root) {
-        check_cpu(out, "reduce output");
-        same_type(in, out, "reduce");
-        if (in.count != out.count) {
-          throw ConfigError("reduce: input has " + std::to_string(in.count) +
-                            " elements but the root's output has " + std::to_string(out.count));
-        }
-        check_overlap("reduce", in, out, in.data);
-      }
-      const std::size_t bytes = in.bytes();
-      if (bytes <= kRootedTreeBytes || size() <= 2) {
-        reduce_binomial(*transport_, in.data, is_root ? out.data : nullptr, in.count, in.dtype, op,
-                        root, scratch_, opt);
-        return;
-      }
-      if (is_root) {
-        run_allreduce(in.data, out.data, in.count, in.dtype, op, opt);
-      } else {
-        if (reduce_scratch_.size() < bytes) reduce_scratch_.resize(bytes);
-        run_allreduce(in.data, reduce_scratch_.data(), in.count, in.dtype, op, opt);
-      }
-    });
-  }
+  void reduce(TensorView in, TensorView out, ReduceOp op, int root);
   template <ContiguousBuffer R>
   void reduce(R&& inout, ReduceOp op, int root) {
     const TensorView v = buffer_view(inout);
@@ -428,46 +249,10 @@ class Communicator {
   // ---- gather / scatter ----
   // gather: the root's `out` (size * in.count elements) receives rank p's `in` as block p;
   // `out` is ignored elsewhere. In place on the root: in.data == out's block `root`.
-  void gather(TensorView in, TensorView out, int root) {
-    run(Collective::gather, in.dtype, ReduceOp::sum, in.count, root, 0,
-        [&](const AlgoOptions& opt) {
-          check_cpu(in, "gather input");
-          check_root(root, "gather");
-          if (rank() == root) {
-            check_cpu(out, "gather output");
-            same_type(in, out, "gather");
-            if (out.count != in.count * static_cast<std::size_t>(size())) {
-              throw ConfigError("gather: the root's output has " + std::to_string(out.count) +
-                                " elements, expected size x input = " + std::to_string(size()) +
-                                " x " + std::to_string(in.count));
-            }
-            check_overlap("gather", in, out,
-                          out.byte_data() + static_cast<std::size_t>(root) * in.bytes());
-          }
-          gather_direct(*transport_, in.data, out.data, in.bytes(), root, opt);
-        });
-  }
+  void gather(TensorView in, TensorView out, int root);
   // scatter: rank p's `out` receives block p of the root's `in` (size * out.count elements);
   // `in` is ignored elsewhere. In place on the root: out.data == in's block `root`.
-  void scatter(TensorView in, TensorView out, int root) {
-    run(Collective::scatter, out.dtype, ReduceOp::sum, out.count, root, 0,
-        [&](const AlgoOptions& opt) {
-          check_cpu(out, "scatter output");
-          check_root(root, "scatter");
-          if (rank() == root) {
-            check_cpu(in, "scatter input");
-            same_type(in, out, "scatter");
-            if (in.count != out.count * static_cast<std::size_t>(size())) {
-              throw ConfigError("scatter: the root's input has " + std::to_string(in.count) +
-                                " elements, expected size x output = " + std::to_string(size()) +
-                                " x " + std::to_string(out.count));
-            }
-            check_overlap("scatter", out, in,
-                          in.byte_data() + static_cast<std::size_t>(root) * out.bytes());
-          }
-          scatter_direct(*transport_, in.data, out.data, out.bytes(), root, opt);
-        });
-  }
+  void scatter(TensorView in, TensorView out, int root);
 
   // ---- alltoallv ----
   // Block j of `in` (send_counts[j] elements, blocks back to back) goes to rank j; block i of
@@ -475,35 +260,7 @@ class Communicator {
   // recv_counts[this rank] on rank j: a disagreement is a MismatchError on both. in and out must
   // not overlap.
   void alltoallv(TensorView in, std::span<const std::size_t> send_counts, TensorView out,
-                 std::span<const std::size_t> recv_counts) {
-    std::size_t sent = 0;
-    for (std::size_t c : send_counts) sent += c;
-    run(Collective::alltoallv, in.dtype, ReduceOp::sum, 0, -1, 0, [&](const AlgoOptions& opt) {
-      check_cpu(in, "alltoallv input");
-      check_cpu(out, "alltoallv output");
-      same_type(in, out, "alltoallv");
-      const auto n = static_cast<std::size_t>(size());
-      if (send_counts.size() != n || recv_counts.size() != n) {
-        throw ConfigError("alltoallv: send_counts has " + std::to_string(send_counts.size()) +
-                          " and recv_counts " + std::to_string(recv_counts.size()) +
-                          " entries for " + std::to_string(n) + " ranks");
-      }
-      std::size_t received = 0;
-      for (std::size_t c : recv_counts) received += c;
-      if (sent > in.count) {
-        throw ConfigError("alltoallv: send_counts add up to " + std::to_string(sent) +
-                          " elements but the input has " + std::to_string(in.count));
-      }
-      if (received > out.count) {
-        throw ConfigError("alltoallv: recv_counts add up to " + std::to_string(received) +
-                          " elements but the output has " + std::to_string(out.count));
-      }
-      check_overlap("alltoallv", TensorView(in.data, sent, in.dtype),
-                    TensorView(out.data, received, out.dtype), nullptr);
-      alltoallv_pairwise(*transport_, in.data, send_counts, out.data, recv_counts,
-                         dtype_size(in.dtype), opt);
-    });
-  }
+                 std::span<const std::size_t> recv_counts);
 
   // ---- point to point ----
   // Messages between two ranks travel on the same ordered connection as the collectives: a
@@ -530,25 +287,9 @@ class Communicator {
   P2PRequest irecv(TensorView data, int peer, int tag = 0) { return post(false, data, peer, tag); }
   // Makes progress without blocking; true once the request completed. Errors (the peer lost,
   // a mismatch, the deadline passed) are thrown here and reach every rank.
-  bool test(P2PRequest& r) {
-    if (r.done_) return true;
-    guard_p2p([&] {
-      if (transport_->test(r.req_)) {
-        r.done_ = true;
-      } else if (r.deadline_.expired()) {
-        throw TimeoutError("send/recv: no completion within " +
-                           std::to_string(transport_->timeout_seconds()) +
-                           " s (did the peer post the matching call?)");
-      }
-    });
-    return r.done_;
-  }
+  bool test(P2PRequest& r);
   // Blocks until the request completes (deadline: KOLO_TIMEOUT_SECONDS from posting).
-  void wait(P2PRequest& r) {
-    if (r.done_) return;
-    guard_p2p([&] { transport_->wait(r.req_, r.deadline_); });
-    r.done_ = true;
-  }
+  void wait(P2PRequest& r);
   void send(TensorView data, int peer, int tag = 0) {
     auto r = isend(data, peer, tag);
     wait(r);
@@ -565,46 +306,7 @@ class Communicator {
   // under a key prefix of their own, so they are independent of each other and of the parent
   // (their collectives need no common order; a mismatch fails only the group it happened in,
   // and a dead peer fails every group that contains it). The parent may be destroyed first.
-  std::optional<Communicator> split(int color, int key) {
-    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size()));
-    std::int64_t mine[2] = {color, key};
-    allgather(TensorView(mine, 2, DataType::int64),
-              TensorView(all.data(), all.size(), DataType::int64));
-    const std::uint64_t seq = ++split_seq_;
-    std::vector<std::pair<std::int64_t, int>> members;  // (key, rank) of my color
-    for (int q = 0; q < size(); ++q) {
-      const std::int64_t c = all[2 * static_cast<std::size_t>(q)];
-      if (c < 0 && c != kUndefinedColor) {
-        throw ConfigError("split: rank " + std::to_string(q) + " passed color " +
-                          std::to_string(c) +
-                          ": colors are >= 0, or kolo::kUndefinedColor (-1) to join no group");
-      }
-      if (c == color) members.emplace_back(all[2 * static_cast<std::size_t>(q) + 1], q);
-    }
-    if (color == kUndefinedColor) return std::nullopt;
-    if constexpr (!Connectable<T>) {
-      throw ConfigError(
-          "split: this communicator adopted a transport that is not built through a rendezvous "
-          "store (e.g. MPI); split the MPI communicator (MPI_Comm_split) and adopt the result");
-    } else {
-      if (!boot_) {
-        throw ConfigError(
-            "split: this communicator adopted a transport without a rendezvous store (e.g. "
-            "MPI); split the MPI communicator (MPI_Comm_split) and adopt the result instead");
-      }
-      std::sort(members.begin(), members.end());
-      Topology t = topo_;
-      t.size = static_cast<int>(members.size());
-      for (std::size_t i = 0; i < members.size(); ++i) {
-        if (members[i].second == rank()) t.rank = static_cast<int>(i);
-      }
-      t.local_rank = t.local_size = t.cross_rank = t.cross_size = -1;
-      t.listen_fd = -1;
-      const std::string prefix =
-          boot_->prefix() + "split/" + std::to_string(seq) + "/" + std::to_string(color) + "/";
-      return Communicator(std::move(t), boot_->shared_store(), prefix, opts_);
-    }
-  }
+  std::optional<Communicator> split(int color, int key);
 
  private:
   // Partially overlapping input and output give wrong results silently in any algorithm that
@@ -612,28 +314,7 @@ class Communicator {
   // alias allowed (the input sitting exactly where the operation reads or writes it in place:
   // the whole buffer for allreduce, this rank's block for allgather...), nullptr for none.
   static void check_overlap(const char* what, const TensorView& in, const TensorView& out,
-                            const void* in_place) {
-    if (in.bytes() == 0 || out.bytes() == 0 || in.data == nullptr || out.data == nullptr) return;
-    const auto a0 = reinterpret_cast<std::uintptr_t>(in.data);
-    const auto b0 = reinterpret_cast<std::uintptr_t>(out.data);
-    const std::uintptr_t a1 = a0 + in.bytes();
-    const std::uintptr_t b1 = b0 + out.bytes();
-    if (a1 <= b0 || b1 <= a0) return;
-    if (in_place != nullptr && (in_place == in.data || in_place == out.data)) {
-      // the allowed alias: one range starts exactly where in-place use puts it, inside the other
-      const bool in_inside = a0 >= b0 && a1 <= b1;
-      const bool out_inside = b0 >= a0 && b1 <= a1;
-      if ((in_place == in.data && in_inside) || (in_place == out.data && out_inside)) return;
-    }
-    auto hex = [](std::uintptr_t v) {
-      char buf[32];
-      std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
-      return std::string(buf);
-    };
-    throw ConfigError(std::string(what) + ": input [" + hex(a0) + ", " + hex(a1) +
-                      ") and output [" + hex(b0) + ", " + hex(b1) +
-                      ") overlap; pass disjoint buffers, or the documented in-place form");
-  }
+                            const void* in_place);
 
   template <class F>
   void guard_p2p(F&& f) {
@@ -647,129 +328,18 @@ class Communicator {
     }
   }
 
-  P2PRequest post(bool is_send, TensorView data, int peer, int tag) {
-    const char* what = is_send ? "send" : "recv";
-    P2PRequest r;
-    guard_p2p([&] {
-      check_cpu(data, what);
-      if (peer < 0 || peer >= size()) {
-        throw ConfigError(std::string(what) + ": peer " + std::to_string(peer) +
-                          " is not a rank of this communicator (size " + std::to_string(size()) +
-                          ")");
-      }
-      if (peer == rank()) {
-        throw ConfigError(std::string(what) + ": peer " + std::to_string(peer) +
-                          " is this rank; copy the data locally instead");
-      }
-      Signature sig;
-      sig.collective = Collective::send_recv;
-      sig.dtype = data.dtype;
-      sig.count = data.count;
-      sig.extra = static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag));
-      auto& seq = is_send ? p2p_sent_ : p2p_received_;
-      if (seq.size() < static_cast<std::size_t>(size()))
-        seq.resize(static_cast<std::size_t>(size()));
-      sig.seq = ++seq[static_cast<std::size_t>(peer)];
-      r.deadline_ = Deadline::after(transport_->timeout_seconds());
-      r.req_ = is_send ? transport_->isend(peer, data.data, data.bytes(), sig)
-                       : transport_->irecv(peer, data.data, data.bytes(), sig);
-      r.done_ = false;
-    });
-    return r;
-  }
+  P2PRequest post(bool is_send, TensorView data, int peer, int tag);
 
   // Up to this many bytes reduce() climbs a binomial tree; above, it runs the allreduce.
   static constexpr std::size_t kRootedTreeBytes = 64 * 1024;
 
   // Bootstrap (from the topology's store address, or from `store` when given) and connect.
   void connect(Topology topo, std::shared_ptr<KvStore> store,
-               std::string prefix) requires Connectable<T> {
-    // The transport's variables are read before the rendezvous, like the Topology's: a bad
-    // value then fails every rank alike. Read after it, rank 0 (which may host the store)
-    // would throw and take the store down while the others are still using it, and they
-    // would report "store lost" instead of the bad variable.
-    const typename T::Options topts = T::Options::from_env(process_env());
-    boot_ = store || !prefix.empty()
-                ? std::make_unique<Bootstrap>(std::move(topo), std::move(store), std::move(prefix))
-                : std::make_unique<Bootstrap>(std::move(topo));
-    transport_ = T::connect(*boot_, topts);
-    if (!transport_) throw Error("Communicator: the transport's connect() returned nothing");
-    topo_ = boot_->topology();
-    setup_selector();
-  }
+               std::string prefix) requires Connectable<T>;
 
   // Host groups, route constants and overrides; the tuning probe is a collective (every rank
   // constructs its communicator at the same point), and its errors reach every rank.
-  void setup_selector() {
-    const int n = size();
-    const int r = rank();
-    SelectionShape shape;
-    shape.size = n;
-    ProbePartners partners;
-    std::optional<TuningSource> source = opts_.tuning;
-    // Routes are known when the transport reports them and the host keys were gathered (a
-    // communicator built through its Bootstrap): ask "how does rank 0 reach q" for every q.
-    // Otherwise one generic route, kept in the tcp slot, and built-in constants by default.
-    bool routes = false;
-    Route intra = Route::shm, inter = Route::tcp;
-    if constexpr (HasPeerRoutes<T>) {
-      if (boot_ != nullptr) {
-        routes = true;
-        const auto& keys = boot_->host_keys();
-        groups_ = HostGroups::from_host_keys(keys, r);
-        bool seen_intra = false, seen_inter = false;
-        // Routes as rank 0 sees them (the probe is rank 0's), derived the same way on every rank.
-        for (int q = 1; q < n; ++q) {
-          const Route route = transport_->route_between(0, q);
-          const bool same_host = keys[static_cast<std::size_t>(q)] == keys[0];
-          if (same_host && !seen_intra) {
-            intra = route;
-            seen_intra = true;
-          }
-          if (!same_host && !seen_inter) {
-            inter = route;
-            seen_inter = true;
-          }
-          int& partner = route == Route::shm ? partners.shm : partners.tcp;
-          if (partner < 0) partner = q;
-        }
-        if (!seen_inter) inter = intra;        // one host: the flat link is the host's own
-        if (!source) source = TuningSource{};  // probe
-      }
-    }
-    if (!routes) {
-      groups_ = HostGroups::single_host(n, r);
-      partners.tcp = n > 1 ? 1 : -1;
-      intra = inter = Route::tcp;
-    }
-    Tuning tuning;
-    if (source) {
-      try {
-        tuning = negotiate_tuning(*transport_, *source, partners,
-                                  Deadline::after(transport_->timeout_seconds()));
-      } catch (const Error& e) {
-        transport_->abort(e);
-        throw;
-      }
-    }
-    shape.hosts = groups_.hosts;
-    // Inputs of the model must be the same on every rank: with uneven hosts this rank's own
-    // host size is not, the largest one is.
-    shape.local_size = groups_.max_local_size;
-    shape.uniform = groups_.uniform;
-    shape.hierarchical_ok =
-        groups_.known && groups_.uniform && groups_.hosts > 1 && groups_.local_size() > 1;
-    auto link = [&](Route route) { return route == Route::shm ? tuning.shm : tuning.tcp; };
-    shape.intra = link(intra);
-    shape.inter = link(inter);
-    shape.flat = groups_.hosts > 1 ? shape.inter : shape.intra;
-    selector_ = Selector(tuning, shape, opts_.segment_bytes);
-    selector_.set_allreduce_rules(opts_.effective_allreduce_rules());
-    selector_.set_rules(opts_.broadcast_rules);
-    selector_.set_rules(opts_.allgather_rules);
-    selector_.set_rules(opts_.reduce_scatter_rules);
-    selector_.set_rules(opts_.alltoall_rules);
-  }
+  void setup_selector();
 
   // What every algorithm may use besides its arguments (AlgoContext; the Selector adds the link).
   AlgoContext context() {
@@ -781,24 +351,9 @@ class Communicator {
 
   // One place that runs what the Selector chose, per collective.
   void run_allreduce(const void* in, void* out, std::size_t count, DataType dtype, ReduceOp op,
-                     const AlgoOptions& opt) {
-    AllreduceArgs a;
-    a.in = in;
-    a.out = out;
-    a.count = count;
-    a.dtype = dtype;
-    a.op = op;
-    last_allreduce_ = selector_.run<AllreduceAlgorithm>(*transport_, a, opt, context());
-  }
+                     const AlgoOptions& opt);
   void run_allgather(const void* in, void* out, std::span<const std::size_t> counts,
-                     std::size_t elem_size, const AlgoOptions& opt) {
-    AllgatherArgs a;
-    a.in = in;
-    a.out = out;
-    a.counts = counts;
-    a.elem_size = elem_size;
-    last_allgather_ = selector_.run<AllgatherAlgorithm>(*transport_, a, opt, context());
-  }
+                     std::size_t elem_size, const AlgoOptions& opt);
 
   template <class Body>
   void run(Collective c, DataType dtype, ReduceOp op, std::size_t count, int root,
@@ -833,30 +388,9 @@ class Communicator {
     }
   }
 
-  static void check_cpu(const TensorView& v, const char* what) {
-    if (v.device != Device::cpu() && !AcceptsDeviceBuffers<T>) {
-      throw ConfigError(std::string(what) +
-                        " is on a CUDA device: host transports need host memory (use the NCCL "
-                        "transport for device buffers)");
-    }
-    if (v.data == nullptr && v.count > 0) {
-      throw ConfigError(std::string(what) + " is a null pointer with " + std::to_string(v.count) +
-                        " elements");
-    }
-  }
-  static void same_type(const TensorView& a, const TensorView& b, const char* what) {
-    if (a.dtype != b.dtype) {
-      throw ConfigError(std::string(what) + ": input is " + std::string(dtype_name(a.dtype)) +
-                        " but output is " + std::string(dtype_name(b.dtype)));
-    }
-  }
-  void check_root(int root, const char* what) const {
-    if (root < 0 || root >= size()) {
-      throw ConfigError(std::string(what) + ": root " + std::to_string(root) +
-                        " is not a rank of this communicator (size " + std::to_string(size()) +
-                        ")");
-    }
-  }
+  static void check_cpu(const TensorView& v, const char* what);
+  static void same_type(const TensorView& a, const TensorView& b, const char* what);
+  void check_root(int root, const char* what) const;
 
   std::unique_ptr<Bootstrap> boot_;
   std::unique_ptr<T> transport_;
@@ -877,4 +411,596 @@ class Communicator {
   AlltoallAlgorithm last_alltoall_ = AlltoallAlgorithm::pairwise;
 };
 
+// ---- out of the class and not inline: under KOLO_COMPILED_CORE (core/compiled_core.hpp) the
+// explicit instantiation declarations at the end of this file keep them out of the user's
+// object file, and kolo::kolo_lib's compiled ones are called ----
+
+template <class T>
+Communicator<T>::Communicator(Communicator&&) noexcept = default;
+template <class T>
+Communicator<T>& Communicator<T>::operator=(Communicator&&) noexcept = default;
+template <class T>
+Communicator<T>::~Communicator() = default;
+
+template <class T>
+Communicator<T>::Communicator(Topology topo) requires Connectable<T>
+    : Communicator(std::move(topo), CommunicatorOptions::from_env()) {}
+
+template <class T>
+Communicator<T>::Communicator(Topology topo, std::shared_ptr<KvStore> store,
+                              std::string prefix) requires Connectable<T>
+    : Communicator(std::move(topo), std::move(store), std::move(prefix),
+                   CommunicatorOptions::from_env()) {}
+
+template <class T>
+Communicator<T>::Communicator(std::unique_ptr<T> transport)
+    : Communicator(std::move(transport), CommunicatorOptions::from_env()) {}
+
+template <class T>
+Communicator<T>::Communicator(Topology topo, CommunicatorOptions opts) requires Connectable<T>
+    : opts_(opts) {
+  connect(std::move(topo), nullptr, {});
+}
+
+template <class T>
+Communicator<T>::Communicator(Topology topo, std::shared_ptr<KvStore> store, std::string prefix,
+                              CommunicatorOptions opts) requires Connectable<T> : opts_(opts) {
+  connect(std::move(topo), std::move(store), std::move(prefix));
+}
+
+template <class T>
+Communicator<T>::Communicator(std::unique_ptr<T> transport, CommunicatorOptions opts)
+    : transport_(std::move(transport)), opts_(opts) {
+  if constexpr (HasTopology<T>) {
+    topo_ = transport_->topology();
+  } else {
+    topo_.rank = transport_->rank();
+    topo_.size = transport_->size();
+  }
+  setup_selector();
+}
+
+template <class T>
+void Communicator<T>::allreduce(TensorView in, TensorView out, ReduceOp op) {
+  run(Collective::allreduce, in.dtype, op, in.count, -1, 0, [&](const AlgoOptions& opt) {
+    check_cpu(in, "allreduce input");
+    check_cpu(out, "allreduce output");
+    same_type(in, out, "allreduce");
+    if (in.count != out.count) {
+      throw ConfigError("allreduce: input has " + std::to_string(in.count) +
+                        " elements but output has " + std::to_string(out.count));
+    }
+    check_overlap("allreduce", in, out, in.data);
+    if constexpr (HasNativeAllreduce<T>) {
+      if (transport_->native_allreduce(in.data, out.data, in.count, in.dtype, op, opt)) return;
+    }
+    run_allreduce(in.data, out.data, in.count, in.dtype, op, opt);
+  });
+}
+
+template <class T>
+void Communicator<T>::allgather(TensorView in, TensorView out) {
+  run(Collective::allgather, in.dtype, ReduceOp::sum, in.count, -1, 0, [&](const AlgoOptions& opt) {
+    check_cpu(in, "allgather input");
+    check_cpu(out, "allgather output");
+    same_type(in, out, "allgather");
+    if (out.count != in.count * static_cast<std::size_t>(size())) {
+      throw ConfigError("allgather: output has " + std::to_string(out.count) +
+                        " elements, expected size x input = " + std::to_string(size()) + " x " +
+                        std::to_string(in.count));
+    }
+    check_overlap("allgather", in, out,
+                  out.byte_data() + static_cast<std::size_t>(rank()) * in.bytes());
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(size()), in.count);
+    if constexpr (HasNativeAllgatherv<T>) {
+      if (transport_->native_allgatherv(in.data, out.data, counts, in.dtype, opt)) return;
+    }
+    run_allgather(in.data, out.data, counts, dtype_size(in.dtype), opt);
+  });
+}
+
+template <class T>
+void Communicator<T>::allgatherv(TensorView in, TensorView out,
+                                 std::span<const std::size_t> counts) {
+  // The counts' hash travels in the signature: ranks that disagree on them are caught.
+  std::uint64_t h = 1469598103934665603ull;
+  std::size_t sum = 0;
+  for (std::size_t c : counts) {
+    h = (h ^ c) * 1099511628211ull;
+    sum += c;
+  }
+  // Ranks contribute different counts here, so the signature carries the total.
+  run(Collective::allgatherv, in.dtype, ReduceOp::sum, sum, -1, h, [&](const AlgoOptions& opt) {
+    check_cpu(in, "allgatherv input");
+    check_cpu(out, "allgatherv output");
+    same_type(in, out, "allgatherv");
+    if (counts.size() != static_cast<std::size_t>(size())) {
+      throw ConfigError("allgatherv: counts has " + std::to_string(counts.size()) +
+                        " entries for " + std::to_string(size()) + " ranks");
+    }
+    if (counts[static_cast<std::size_t>(rank())] != in.count) {
+      throw ConfigError("allgatherv: counts[" + std::to_string(rank()) +
+                        "] = " + std::to_string(counts[static_cast<std::size_t>(rank())]) +
+                        " but this rank's input has " + std::to_string(in.count) + " elements");
+    }
+    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    if (out.count != total) {
+      throw ConfigError("allgatherv: output has " + std::to_string(out.count) +
+                        " elements, the counts add up to " + std::to_string(total));
+    }
+    const std::size_t before =
+        std::accumulate(counts.begin(), counts.begin() + rank(), std::size_t{0});
+    check_overlap("allgatherv", in, out, out.byte_data() + before * dtype_size(out.dtype));
+    if constexpr (HasNativeAllgatherv<T>) {
+      if (transport_->native_allgatherv(in.data, out.data, counts, in.dtype, opt)) return;
+    }
+    run_allgather(in.data, out.data, counts, dtype_size(in.dtype), opt);
+  });
+}
+
+template <class T>
+void Communicator<T>::broadcast(TensorView data, int root) {
+  run(Collective::broadcast, data.dtype, ReduceOp::sum, data.count, root, 0,
+      [&](const AlgoOptions& opt) {
+        check_cpu(data, "broadcast buffer");
+        check_root(root, "broadcast");
+        if constexpr (HasNativeBroadcast<T>) {
+          if (transport_->native_broadcast(data.data, data.count, data.dtype, root, opt)) return;
+        }
+        BroadcastArgs a;
+        a.data = data.data;
+        a.nbytes = data.bytes();
+        a.root = root;
+        last_broadcast_ = selector_.run<BroadcastAlgorithm>(*transport_, a, opt, context());
+      });
+}
+
+template <class T>
+void Communicator<T>::reduce_scatter(TensorView in, TensorView out, ReduceOp op) {
+  run(Collective::reduce_scatter, in.dtype, op, out.count, -1, 0, [&](const AlgoOptions& opt) {
+    check_cpu(in, "reduce_scatter input");
+    check_cpu(out, "reduce_scatter output");
+    same_type(in, out, "reduce_scatter");
+    if (in.count != out.count * static_cast<std::size_t>(size())) {
+      throw ConfigError("reduce_scatter: input has " + std::to_string(in.count) +
+                        " elements, expected size x output = " + std::to_string(size()) + " x " +
+                        std::to_string(out.count));
+    }
+    check_overlap("reduce_scatter", in, out,
+                  in.byte_data() + static_cast<std::size_t>(rank()) * out.bytes());
+    if constexpr (HasNativeReduceScatter<T>) {
+      if (transport_->native_reduce_scatter(in.data, out.data, out.count, in.dtype, op, opt)) {
+        return;
+      }
+    }
+    ReduceScatterArgs a;
+    a.in = in.data;
+    a.out = out.data;
+    a.count = out.count;
+    a.dtype = in.dtype;
+    a.op = op;
+    a.size = size();
+    last_reduce_scatter_ = selector_.run<ReduceScatterAlgorithm>(*transport_, a, opt, context());
+  });
+}
+
+template <class T>
+void Communicator<T>::alltoall(TensorView in, TensorView out) {
+  run(Collective::alltoall, in.dtype, ReduceOp::sum, in.count, -1, 0, [&](const AlgoOptions& opt) {
+    check_cpu(in, "alltoall input");
+    check_cpu(out, "alltoall output");
+    same_type(in, out, "alltoall");
+    if (in.count != out.count || in.count % static_cast<std::size_t>(size()) != 0) {
+      throw ConfigError("alltoall: input (" + std::to_string(in.count) + ") and output (" +
+                        std::to_string(out.count) +
+                        ") must have the same count, divisible by the size " +
+                        std::to_string(size()));
+    }
+    if (in.data == out.data && in.count > 0 && size() > 1) {
+      throw ConfigError("alltoall: in-place is not supported; pass distinct buffers");
+    }
+    check_overlap("alltoall", in, out, nullptr);
+    if constexpr (HasNativeAlltoall<T>) {
+      if (transport_->native_alltoall(in.data, out.data,
+                                      in.count / static_cast<std::size_t>(size()), in.dtype, opt)) {
+        return;
+      }
+    }
+    AlltoallArgs a;
+    a.in = in.data;
+    a.out = out.data;
+    a.block_bytes = in.count / static_cast<std::size_t>(size()) * dtype_size(in.dtype);
+    a.size = size();
+    last_alltoall_ = selector_.run<AlltoallAlgorithm>(*transport_, a, opt, context());
+  });
+}
+
+template <class T>
+void Communicator<T>::barrier() {
+  run(Collective::barrier, DataType::uint8, ReduceOp::sum, 0, -1, 0, [&](const AlgoOptions& opt) {
+    if constexpr (HasNativeBarrier<T>) {
+      if (transport_->native_barrier(opt)) return;
+    }
+    barrier_dissemination(*transport_, opt);
+  });
+}
+
+template <class T>
+void Communicator<T>::reduce(TensorView in, TensorView out, ReduceOp op, int root) {
+  run(Collective::reduce, in.dtype, op, in.count, root, 0, [&](const AlgoOptions& opt) {
+    check_cpu(in, "reduce input");
+    check_root(root, "reduce");
+    const bool is_root = rank() == root;
+    if (is_root) {
+      check_cpu(out, "reduce output");
+      same_type(in, out, "reduce");
+      if (in.count != out.count) {
+        throw ConfigError("reduce: input has " + std::to_string(in.count) +
+                          " elements but the root's output has " + std::to_string(out.count));
+      }
+      check_overlap("reduce", in, out, in.data);
+    }
+    const std::size_t bytes = in.bytes();
+    if (bytes <= kRootedTreeBytes || size() <= 2) {
+      reduce_binomial(*transport_, in.data, is_root ? out.data : nullptr, in.count, in.dtype, op,
+                      root, scratch_, opt);
+      return;
+    }
+    if (is_root) {
+      run_allreduce(in.data, out.data, in.count, in.dtype, op, opt);
+    } else {
+      if (reduce_scratch_.size() < bytes) reduce_scratch_.resize(bytes);
+      run_allreduce(in.data, reduce_scratch_.data(), in.count, in.dtype, op, opt);
+    }
+  });
+}
+
+template <class T>
+void Communicator<T>::gather(TensorView in, TensorView out, int root) {
+  run(Collective::gather, in.dtype, ReduceOp::sum, in.count, root, 0, [&](const AlgoOptions& opt) {
+    check_cpu(in, "gather input");
+    check_root(root, "gather");
+    if (rank() == root) {
+      check_cpu(out, "gather output");
+      same_type(in, out, "gather");
+      if (out.count != in.count * static_cast<std::size_t>(size())) {
+        throw ConfigError("gather: the root's output has " + std::to_string(out.count) +
+                          " elements, expected size x input = " + std::to_string(size()) + " x " +
+                          std::to_string(in.count));
+      }
+      check_overlap("gather", in, out,
+                    out.byte_data() + static_cast<std::size_t>(root) * in.bytes());
+    }
+    gather_direct(*transport_, in.data, out.data, in.bytes(), root, opt);
+  });
+}
+
+template <class T>
+void Communicator<T>::scatter(TensorView in, TensorView out, int root) {
+  run(Collective::scatter, out.dtype, ReduceOp::sum, out.count, root, 0,
+      [&](const AlgoOptions& opt) {
+        check_cpu(out, "scatter output");
+        check_root(root, "scatter");
+        if (rank() == root) {
+          check_cpu(in, "scatter input");
+          same_type(in, out, "scatter");
+          if (in.count != out.count * static_cast<std::size_t>(size())) {
+            throw ConfigError("scatter: the root's input has " + std::to_string(in.count) +
+                              " elements, expected size x output = " + std::to_string(size()) +
+                              " x " + std::to_string(out.count));
+          }
+          check_overlap("scatter", out, in,
+                        in.byte_data() + static_cast<std::size_t>(root) * out.bytes());
+        }
+        scatter_direct(*transport_, in.data, out.data, out.bytes(), root, opt);
+      });
+}
+
+template <class T>
+void Communicator<T>::alltoallv(TensorView in, std::span<const std::size_t> send_counts,
+                                TensorView out, std::span<const std::size_t> recv_counts) {
+  std::size_t sent = 0;
+  for (std::size_t c : send_counts) sent += c;
+  run(Collective::alltoallv, in.dtype, ReduceOp::sum, 0, -1, 0, [&](const AlgoOptions& opt) {
+    check_cpu(in, "alltoallv input");
+    check_cpu(out, "alltoallv output");
+    same_type(in, out, "alltoallv");
+    const auto n = static_cast<std::size_t>(size());
+    if (send_counts.size() != n || recv_counts.size() != n) {
+      throw ConfigError("alltoallv: send_counts has " + std::to_string(send_counts.size()) +
+                        " and recv_counts " + std::to_string(recv_counts.size()) + " entries for " +
+                        std::to_string(n) + " ranks");
+    }
+    std::size_t received = 0;
+    for (std::size_t c : recv_counts) received += c;
+    if (sent > in.count) {
+      throw ConfigError("alltoallv: send_counts add up to " + std::to_string(sent) +
+                        " elements but the input has " + std::to_string(in.count));
+    }
+    if (received > out.count) {
+      throw ConfigError("alltoallv: recv_counts add up to " + std::to_string(received) +
+                        " elements but the output has " + std::to_string(out.count));
+    }
+    check_overlap("alltoallv", TensorView(in.data, sent, in.dtype),
+                  TensorView(out.data, received, out.dtype), nullptr);
+    alltoallv_pairwise(*transport_, in.data, send_counts, out.data, recv_counts,
+                       dtype_size(in.dtype), opt);
+  });
+}
+
+template <class T>
+bool Communicator<T>::test(P2PRequest& r) {
+  if (r.done_) return true;
+  guard_p2p([&] {
+    if (transport_->test(r.req_)) {
+      r.done_ = true;
+    } else if (r.deadline_.expired()) {
+      throw TimeoutError("send/recv: no completion within " +
+                         std::to_string(transport_->timeout_seconds()) +
+                         " s (did the peer post the matching call?)");
+    }
+  });
+  return r.done_;
+}
+
+template <class T>
+void Communicator<T>::wait(P2PRequest& r) {
+  if (r.done_) return;
+  guard_p2p([&] { transport_->wait(r.req_, r.deadline_); });
+  r.done_ = true;
+}
+
+template <class T>
+std::optional<Communicator<T>> Communicator<T>::split(int color, int key) {
+  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size()));
+  std::int64_t mine[2] = {color, key};
+  allgather(TensorView(mine, 2, DataType::int64),
+            TensorView(all.data(), all.size(), DataType::int64));
+  const std::uint64_t seq = ++split_seq_;
+  std::vector<std::pair<std::int64_t, int>> members;  // (key, rank) of my color
+  for (int q = 0; q < size(); ++q) {
+    const std::int64_t c = all[2 * static_cast<std::size_t>(q)];
+    if (c < 0 && c != kUndefinedColor) {
+      throw ConfigError("split: rank " + std::to_string(q) + " passed color " + std::to_string(c) +
+                        ": colors are >= 0, or kolo::kUndefinedColor (-1) to join no group");
+    }
+    if (c == color) members.emplace_back(all[2 * static_cast<std::size_t>(q) + 1], q);
+  }
+  if (color == kUndefinedColor) return std::nullopt;
+  if constexpr (!Connectable<T>) {
+    throw ConfigError(
+        "split: this communicator adopted a transport that is not built through a rendezvous "
+        "store (e.g. MPI); split the MPI communicator (MPI_Comm_split) and adopt the result");
+  } else {
+    if (!boot_) {
+      throw ConfigError(
+          "split: this communicator adopted a transport without a rendezvous store (e.g. "
+          "MPI); split the MPI communicator (MPI_Comm_split) and adopt the result instead");
+    }
+    std::sort(members.begin(), members.end());
+    Topology t = topo_;
+    t.size = static_cast<int>(members.size());
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (members[i].second == rank()) t.rank = static_cast<int>(i);
+    }
+    t.local_rank = t.local_size = t.cross_rank = t.cross_size = -1;
+    t.listen_fd = -1;
+    const std::string prefix =
+        boot_->prefix() + "split/" + std::to_string(seq) + "/" + std::to_string(color) + "/";
+    return Communicator(std::move(t), boot_->shared_store(), prefix, opts_);
+  }
+}
+
+template <class T>
+void Communicator<T>::check_overlap(const char* what, const TensorView& in, const TensorView& out,
+                                    const void* in_place) {
+  if (in.bytes() == 0 || out.bytes() == 0 || in.data == nullptr || out.data == nullptr) return;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(in.data);
+  const auto b0 = reinterpret_cast<std::uintptr_t>(out.data);
+  const std::uintptr_t a1 = a0 + in.bytes();
+  const std::uintptr_t b1 = b0 + out.bytes();
+  if (a1 <= b0 || b1 <= a0) return;
+  if (in_place != nullptr && (in_place == in.data || in_place == out.data)) {
+    // the allowed alias: one range starts exactly where in-place use puts it, inside the other
+    const bool in_inside = a0 >= b0 && a1 <= b1;
+    const bool out_inside = b0 >= a0 && b1 <= a1;
+    if ((in_place == in.data && in_inside) || (in_place == out.data && out_inside)) return;
+  }
+  auto hex = [](std::uintptr_t v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+    return std::string(buf);
+  };
+  throw ConfigError(std::string(what) + ": input [" + hex(a0) + ", " + hex(a1) + ") and output [" +
+                    hex(b0) + ", " + hex(b1) +
+                    ") overlap; pass disjoint buffers, or the documented in-place form");
+}
+
+template <class T>
+typename Communicator<T>::P2PRequest Communicator<T>::post(bool is_send, TensorView data, int peer,
+                                                           int tag) {
+  const char* what = is_send ? "send" : "recv";
+  P2PRequest r;
+  guard_p2p([&] {
+    check_cpu(data, what);
+    if (peer < 0 || peer >= size()) {
+      throw ConfigError(std::string(what) + ": peer " + std::to_string(peer) +
+                        " is not a rank of this communicator (size " + std::to_string(size()) +
+                        ")");
+    }
+    if (peer == rank()) {
+      throw ConfigError(std::string(what) + ": peer " + std::to_string(peer) +
+                        " is this rank; copy the data locally instead");
+    }
+    Signature sig;
+    sig.collective = Collective::send_recv;
+    sig.dtype = data.dtype;
+    sig.count = data.count;
+    sig.extra = static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag));
+    auto& seq = is_send ? p2p_sent_ : p2p_received_;
+    if (seq.size() < static_cast<std::size_t>(size())) seq.resize(static_cast<std::size_t>(size()));
+    sig.seq = ++seq[static_cast<std::size_t>(peer)];
+    r.deadline_ = Deadline::after(transport_->timeout_seconds());
+    r.req_ = is_send ? transport_->isend(peer, data.data, data.bytes(), sig)
+                     : transport_->irecv(peer, data.data, data.bytes(), sig);
+    r.done_ = false;
+  });
+  return r;
+}
+
+template <class T>
+void Communicator<T>::connect(Topology topo, std::shared_ptr<KvStore> store,
+                              std::string prefix) requires Connectable<T> {
+  // The transport's variables are read before the rendezvous, like the Topology's: a bad
+  // value then fails every rank alike. Read after it, rank 0 (which may host the store)
+  // would throw and take the store down while the others are still using it, and they
+  // would report "store lost" instead of the bad variable.
+  const typename T::Options topts = T::Options::from_env(process_env());
+  boot_ = store || !prefix.empty()
+              ? std::make_unique<Bootstrap>(std::move(topo), std::move(store), std::move(prefix))
+              : std::make_unique<Bootstrap>(std::move(topo));
+  transport_ = T::connect(*boot_, topts);
+  if (!transport_) throw Error("Communicator: the transport's connect() returned nothing");
+  topo_ = boot_->topology();
+  setup_selector();
+}
+
+template <class T>
+void Communicator<T>::setup_selector() {
+  const int n = size();
+  const int r = rank();
+  SelectionShape shape;
+  shape.size = n;
+  ProbePartners partners;
+  std::optional<TuningSource> source = opts_.tuning;
+  // Routes are known when the transport reports them and the host keys were gathered (a
+  // communicator built through its Bootstrap): ask "how does rank 0 reach q" for every q.
+  // Otherwise one generic route, kept in the tcp slot, and built-in constants by default.
+  bool routes = false;
+  Route intra = Route::shm, inter = Route::tcp;
+  if constexpr (HasPeerRoutes<T>) {
+    if (boot_ != nullptr) {
+      routes = true;
+      const auto& keys = boot_->host_keys();
+      groups_ = HostGroups::from_host_keys(keys, r);
+      bool seen_intra = false, seen_inter = false;
+      // Routes as rank 0 sees them (the probe is rank 0's), derived the same way on every rank.
+      for (int q = 1; q < n; ++q) {
+        const Route route = transport_->route_between(0, q);
+        const bool same_host = keys[static_cast<std::size_t>(q)] == keys[0];
+        if (same_host && !seen_intra) {
+          intra = route;
+          seen_intra = true;
+        }
+        if (!same_host && !seen_inter) {
+          inter = route;
+          seen_inter = true;
+        }
+        int& partner = route == Route::shm ? partners.shm : partners.tcp;
+        if (partner < 0) partner = q;
+      }
+      if (!seen_inter) inter = intra;        // one host: the flat link is the host's own
+      if (!source) source = TuningSource{};  // probe
+    }
+  }
+  if (!routes) {
+    groups_ = HostGroups::single_host(n, r);
+    partners.tcp = n > 1 ? 1 : -1;
+    intra = inter = Route::tcp;
+  }
+  Tuning tuning;
+  if (source) {
+    try {
+      tuning = negotiate_tuning(*transport_, *source, partners,
+                                Deadline::after(transport_->timeout_seconds()));
+    } catch (const Error& e) {
+      transport_->abort(e);
+      throw;
+    }
+  }
+  shape.hosts = groups_.hosts;
+  // Inputs of the model must be the same on every rank: with uneven hosts this rank's own
+  // host size is not, the largest one is.
+  shape.local_size = groups_.max_local_size;
+  shape.uniform = groups_.uniform;
+  shape.hierarchical_ok =
+      groups_.known && groups_.uniform && groups_.hosts > 1 && groups_.local_size() > 1;
+  auto link = [&](Route route) { return route == Route::shm ? tuning.shm : tuning.tcp; };
+  shape.intra = link(intra);
+  shape.inter = link(inter);
+  shape.flat = groups_.hosts > 1 ? shape.inter : shape.intra;
+  selector_ = Selector(tuning, shape, opts_.segment_bytes);
+  selector_.set_allreduce_rules(opts_.effective_allreduce_rules());
+  selector_.set_rules(opts_.broadcast_rules);
+  selector_.set_rules(opts_.allgather_rules);
+  selector_.set_rules(opts_.reduce_scatter_rules);
+  selector_.set_rules(opts_.alltoall_rules);
+}
+
+template <class T>
+void Communicator<T>::run_allreduce(const void* in, void* out, std::size_t count, DataType dtype,
+                                    ReduceOp op, const AlgoOptions& opt) {
+  AllreduceArgs a;
+  a.in = in;
+  a.out = out;
+  a.count = count;
+  a.dtype = dtype;
+  a.op = op;
+  last_allreduce_ = selector_.run<AllreduceAlgorithm>(*transport_, a, opt, context());
+}
+
+template <class T>
+void Communicator<T>::run_allgather(const void* in, void* out, std::span<const std::size_t> counts,
+                                    std::size_t elem_size, const AlgoOptions& opt) {
+  AllgatherArgs a;
+  a.in = in;
+  a.out = out;
+  a.counts = counts;
+  a.elem_size = elem_size;
+  last_allgather_ = selector_.run<AllgatherAlgorithm>(*transport_, a, opt, context());
+}
+
+template <class T>
+void Communicator<T>::check_cpu(const TensorView& v, const char* what) {
+  if (v.device != Device::cpu() && !AcceptsDeviceBuffers<T>) {
+    throw ConfigError(std::string(what) +
+                      " is on a CUDA device: host transports need host memory (use the NCCL "
+                      "transport for device buffers)");
+  }
+  if (v.data == nullptr && v.count > 0) {
+    throw ConfigError(std::string(what) + " is a null pointer with " + std::to_string(v.count) +
+                      " elements");
+  }
+}
+
+template <class T>
+void Communicator<T>::same_type(const TensorView& a, const TensorView& b, const char* what) {
+  if (a.dtype != b.dtype) {
+    throw ConfigError(std::string(what) + ": input is " + std::string(dtype_name(a.dtype)) +
+                      " but output is " + std::string(dtype_name(b.dtype)));
+  }
+}
+
+template <class T>
+void Communicator<T>::check_root(int root, const char* what) const {
+  if (root < 0 || root >= size()) {
+    throw ConfigError(std::string(what) + ": root " + std::to_string(root) +
+                      " is not a rank of this communicator (size " + std::to_string(size()) + ")");
+  }
+}
+
 }  // namespace kolo
+
+#if KOLO_USE_COMPILED_CORE
+// The standard transports' communicators are compiled in kolo::kolo_lib (src/lib).
+#include "kolo/transport/routed.hpp"
+#include "kolo/transport/shm.hpp"
+#include "kolo/transport/tcp.hpp"
+
+namespace kolo {
+extern template class Communicator<MeshTransport>;
+extern template class Communicator<RoutedTransport>;
+extern template class Communicator<ShmTransport>;
+extern template class Communicator<TcpTransport>;
+}  // namespace kolo
+#endif

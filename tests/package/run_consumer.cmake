@@ -1,6 +1,7 @@
 # cmake -P script behind the package/* tests: gets kolo into a fresh consumer project one way
-# (MODE), builds the consumer and runs it: the C++ program on kolo::kolo, the C program on
-# kolo::kolo_c and kolo::kolo_c_static, and (installed prefix) the C program built through
+# (MODE), builds the consumer and runs it: the C++ program on kolo::kolo, the compiled-core
+# program on kolo::kolo_lib and kolo::kolo_lib_shared, the C program on kolo::kolo_c and
+# kolo::kolo_c_static, and (installed prefix) the C program built through
 # pkg-config without CMake. Everything happens under WORK_DIR, wiped first, so a
 # test never sees what an earlier run left behind.
 #
@@ -68,8 +69,10 @@ if(MODE STREQUAL "install")
       message(FATAL_ERROR "[install] ${f} was not installed")
     endif()
   endforeach()
-  # The C ABI: the shared library (with its SONAME link), the static one, the pkg-config file.
-  foreach(pattern libkolo_c.so libkolo_c.so.[0-9]* libkolo_c_static.a pkgconfig/kolo_c.pc)
+  # The compiled core (libkolo.a, libkolo.so with its SONAME link) and the C ABI: the shared
+  # library (with its SONAME link), the static one, the pkg-config file.
+  foreach(pattern libkolo.a libkolo.so libkolo.so.[0-9]* libkolo_c.so libkolo_c.so.[0-9]*
+          libkolo_c_static.a pkgconfig/kolo_c.pc)
     file(GLOB_RECURSE found "${stage}/*/${pattern}")
     if(NOT found)
       message(FATAL_ERROR "[install] nothing matching ${pattern} was installed")
@@ -142,6 +145,17 @@ if(MODE STREQUAL "install")
       message(FATAL_ERROR "[install] rank ${rank} of the installed kolo-run did not report success")
     endif()
   endforeach()
+  # The compiled core from the package, shared and static, on 2 ranks of the installed kolo-run.
+  foreach(link kolo_lib kolo_lib_shared)
+    step("${link} consumer under kolo-run" "${prefix}/bin/kolo-run" -np 2
+         "${consumer_build}/kolo_consumer_${link}")
+    message(STATUS "${step_output}")
+    foreach(rank 0 1)
+      if(NOT step_output MATCHES "kolo lib consumer \\(package, ${link}\\): rank ${rank}/2 ok, sum 3")
+        message(FATAL_ERROR "[install] rank ${rank} of the ${link} consumer did not report success")
+      endif()
+    endforeach()
+  endforeach()
   # kolo::mpi from the package: a real MPI job of 2 ranks.
   if(EXPECT_MPI)
     if(NOT MPIEXEC)
@@ -162,6 +176,16 @@ if(MODE STREQUAL "install")
     endforeach()
   endif()
 endif()
+
+# The compiled core, one rank, through kolo::kolo_lib and kolo::kolo_lib_shared.
+foreach(link kolo_lib kolo_lib_shared)
+  step("run compiled-core consumer (${link})" "${consumer_build}/kolo_consumer_${link}")
+  message(STATUS "${step_output}")
+  if(NOT step_output MATCHES "kolo lib consumer \\([a-z_]+, ${link}\\): rank 0/1 ok, sum 1")
+    message(FATAL_ERROR "[${MODE}] the compiled-core consumer (${link}) did not report success: "
+                        "${step_output}")
+  endif()
+endforeach()
 
 # The C ABI from C, through kolo::kolo_c and kolo::kolo_c_static.
 foreach(link kolo_c kolo_c_static)

@@ -56,6 +56,7 @@
 
 #include "kolo/communicator.hpp"
 #include "kolo/compression/compressor.hpp"
+#include "kolo/core/compiled_core.hpp"
 #include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
@@ -141,19 +142,14 @@ class Engine {
   using clock = std::chrono::steady_clock;
 
  public:
-  explicit Engine(Communicator<T> comm, EngineOptions opts = EngineOptions::from_env())
-      : comm_(std::move(comm)), opts_(std::move(opts)) {
-    if (!opts_.timeline.empty() && comm_.rank() == 0) timeline_.open(opts_.timeline, 0);
-    stamp_each_ = timeline_.enabled();
-    driver_->engine = this;
-    driver_->run = [](void* e, detail::HandleState& h) { static_cast<Engine*>(e)->drive(h); };
-    thread_ = std::thread([this] { loop(); });
-  }
+  // The options default to EngineOptions::from_env() (an overload: see Communicator's).
+  explicit Engine(Communicator<T> comm);
+  explicit Engine(Communicator<T> comm, EngineOptions opts);
 
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  ~Engine() { shutdown(); }
+  ~Engine();
 
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
@@ -162,17 +158,7 @@ class Engine {
   // postscale · op_r(prescale · tensor_r); average divides by the number of ranks (or, while
   // ranks have joined, as EngineOptions::join_average says).
   Handle allreduce_async(std::string_view name, TensorView tensor, ReduceOp op = ReduceOp::sum,
-                         double prescale = 1.0, double postscale = 1.0, TensorView output = {}) {
-    RequestParams p;
-    p.kind = OpKind::allreduce;
-    p.dtype = tensor.dtype;
-    p.op = op;
-    p.count = tensor.count;
-    p.prescale = prescale;
-    p.postscale = postscale;
-    if (op == ReduceOp::average) p.join_average = opts_.join_average;
-    return enqueue(name, tensor, output.data ? output : tensor, std::move(p));
-  }
+                         double prescale = 1.0, double postscale = 1.0, TensorView output = {});
   // The same, in place on any contiguous range that outlives the handle (std::vector<float>&,
   // std::array, std::span, a user type modelling std::ranges::contiguous_range).
   template <AsyncInOutBuffer R>
@@ -184,46 +170,17 @@ class Engine {
   // All members execute in the same fused collective, or fail together.
   std::vector<Handle> grouped_allreduce_async(
       const std::string& group, const std::vector<std::pair<std::string, TensorView>>& tensors,
-      ReduceOp op = ReduceOp::sum, double prescale = 1.0, double postscale = 1.0) {
-    std::vector<Handle> out;
-    for (const auto& [name, t] : tensors) {
-      RequestParams p;
-      p.kind = OpKind::allreduce;
-      p.dtype = t.dtype;
-      p.op = op;
-      p.count = t.count;
-      p.prescale = prescale;
-      p.postscale = postscale;
-      p.group = group;
-      p.group_size = static_cast<std::uint32_t>(tensors.size());
-      if (op == ReduceOp::average) p.join_average = opts_.join_average;
-      out.push_back(enqueue(name, t, t, std::move(p)));
-    }
-    return out;
-  }
+      ReduceOp op = ReduceOp::sum, double prescale = 1.0, double postscale = 1.0);
 
   // Concatenates every rank's tensor (counts may differ) in rank order; Handle::output().
-  Handle allgather_async(std::string_view name, TensorView tensor) {
-    RequestParams p;
-    p.kind = OpKind::allgather;
-    p.dtype = tensor.dtype;
-    p.count = tensor.count;
-    return enqueue(name, tensor, tensor, std::move(p));
-  }
+  Handle allgather_async(std::string_view name, TensorView tensor);
   template <AsyncBuffer R>
   Handle allgather_async(std::string_view name, R&& tensor) {
     return allgather_async(name, buffer_view(tensor));
   }
 
   // Copies root's tensor into every rank's tensor (in place).
-  Handle broadcast_async(std::string_view name, TensorView tensor, int root = 0) {
-    RequestParams p;
-    p.kind = OpKind::broadcast;
-    p.dtype = tensor.dtype;
-    p.count = tensor.count;
-    p.root = root;
-    return enqueue(name, tensor, tensor, std::move(p));
-  }
+  Handle broadcast_async(std::string_view name, TensorView tensor, int root = 0);
   template <AsyncInOutBuffer R>
   Handle broadcast_async(std::string_view name, R&& tensor, int root = 0) {
     return broadcast_async(name, buffer_view(tensor), root);
@@ -232,38 +189,13 @@ class Engine {
   // For uneven data: this rank stops submitting and, once its own submissions have completed,
   // contributes zeros to the others' operations until every rank has joined; then all return.
   // Do not submit from other threads until it returns.
-  void join() {
-    auto state = detail::make_handle_state();
-    {
-      std::lock_guard lock(mu_);
-      if (dead_) std::rethrow_exception(dead_);
-      join_waiters_.push_back(state);
-    }
-    cv_.notify_one();
-    Handle(state).wait();
-  }
+  void join();
 
   // Stops the engine on every rank (any rank's shutdown ends it for all, as in Horovod):
   // pending operations fail. Also called by the destructor.
-  void shutdown() {
-    {
-      std::lock_guard lock(mu_);
-      shutdown_requested_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-    {
-      // Handles still held (all completed by now) no longer lead waiters into this engine.
-      std::lock_guard progress(driver_->mu);
-      driver_->engine = nullptr;
-    }
-    timeline_.close();
-  }
+  void shutdown();
 
-  EngineStats stats() const {
-    std::lock_guard lock(mu_);
-    return stats_;
-  }
+  EngineStats stats() const;
 
   // The communicator, for blocking collectives while the engine is idle (not thread-safe
   // against the engine's own cycles: use the engine or the communicator, not both at once).
@@ -1753,4 +1685,124 @@ class Engine {
   std::thread thread_;
 };
 
+// ---- the entry points, out of the class and not inline: under KOLO_COMPILED_CORE
+// (core/compiled_core.hpp) the explicit instantiation declarations at the end of this file keep
+// them, and the private members only they call, out of the user's object file ----
+
+template <class T>
+Engine<T>::Engine(Communicator<T> comm) : Engine(std::move(comm), EngineOptions::from_env()) {}
+
+template <class T>
+Engine<T>::Engine(Communicator<T> comm, EngineOptions opts)
+    : comm_(std::move(comm)), opts_(std::move(opts)) {
+  if (!opts_.timeline.empty() && comm_.rank() == 0) timeline_.open(opts_.timeline, 0);
+  stamp_each_ = timeline_.enabled();
+  driver_->engine = this;
+  driver_->run = [](void* e, detail::HandleState& h) { static_cast<Engine*>(e)->drive(h); };
+  thread_ = std::thread([this] { loop(); });
+}
+
+template <class T>
+Engine<T>::~Engine() {
+  shutdown();
+}
+
+template <class T>
+Handle Engine<T>::allreduce_async(std::string_view name, TensorView tensor, ReduceOp op,
+                                  double prescale, double postscale, TensorView output) {
+  RequestParams p;
+  p.kind = OpKind::allreduce;
+  p.dtype = tensor.dtype;
+  p.op = op;
+  p.count = tensor.count;
+  p.prescale = prescale;
+  p.postscale = postscale;
+  if (op == ReduceOp::average) p.join_average = opts_.join_average;
+  return enqueue(name, tensor, output.data ? output : tensor, std::move(p));
+}
+
+template <class T>
+std::vector<Handle> Engine<T>::grouped_allreduce_async(
+    const std::string& group, const std::vector<std::pair<std::string, TensorView>>& tensors,
+    ReduceOp op, double prescale, double postscale) {
+  std::vector<Handle> out;
+  for (const auto& [name, t] : tensors) {
+    RequestParams p;
+    p.kind = OpKind::allreduce;
+    p.dtype = t.dtype;
+    p.op = op;
+    p.count = t.count;
+    p.prescale = prescale;
+    p.postscale = postscale;
+    p.group = group;
+    p.group_size = static_cast<std::uint32_t>(tensors.size());
+    if (op == ReduceOp::average) p.join_average = opts_.join_average;
+    out.push_back(enqueue(name, t, t, std::move(p)));
+  }
+  return out;
+}
+
+template <class T>
+Handle Engine<T>::allgather_async(std::string_view name, TensorView tensor) {
+  RequestParams p;
+  p.kind = OpKind::allgather;
+  p.dtype = tensor.dtype;
+  p.count = tensor.count;
+  return enqueue(name, tensor, tensor, std::move(p));
+}
+
+template <class T>
+Handle Engine<T>::broadcast_async(std::string_view name, TensorView tensor, int root) {
+  RequestParams p;
+  p.kind = OpKind::broadcast;
+  p.dtype = tensor.dtype;
+  p.count = tensor.count;
+  p.root = root;
+  return enqueue(name, tensor, tensor, std::move(p));
+}
+
+template <class T>
+void Engine<T>::join() {
+  auto state = detail::make_handle_state();
+  {
+    std::lock_guard lock(mu_);
+    if (dead_) std::rethrow_exception(dead_);
+    join_waiters_.push_back(state);
+  }
+  cv_.notify_one();
+  Handle(state).wait();
+}
+
+template <class T>
+void Engine<T>::shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    shutdown_requested_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  {
+    // Handles still held (all completed by now) no longer lead waiters into this engine.
+    std::lock_guard progress(driver_->mu);
+    driver_->engine = nullptr;
+  }
+  timeline_.close();
+}
+
+template <class T>
+EngineStats Engine<T>::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
 }  // namespace kolo
+
+#if KOLO_USE_COMPILED_CORE
+// The standard transports' engines are compiled in kolo::kolo_lib (src/lib).
+namespace kolo {
+extern template class Engine<MeshTransport>;
+extern template class Engine<RoutedTransport>;
+extern template class Engine<ShmTransport>;
+extern template class Engine<TcpTransport>;
+}  // namespace kolo
+#endif

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Compile time of kolo for a user, header-only (kolo::kolo) vs the compiled core (kolo::kolo_lib):
+# docs/performance.md "Compile time" comes from this script.
+#
+#   benchmarks/compile_time.sh [BUILD_DIR] [REPEATS]
+#
+# BUILD_DIR is a configured kolo build in which the target kolo_lib is built (libkolo.a under
+# src/lib; default: build). Three user files, as a user writes them:
+#   a  an empty main() including <kolo/kolo.hpp>
+#   b  the README's snippet: a Communicator<>, an allreduce and a broadcast
+#   c  b plus an Engine<> and one allreduce_async
+# each compiled and linked at -O2 (CXX, default g++) header-only and with -DKOLO_COMPILED_CORE +
+# libkolo.a, interleaved (a/header-only, a/core, b/header-only, ... then again) REPEATS times
+# (default 3). Prints per case the median and the worst wall time and the median CPU time
+# (user + sys), the load before and after, the `-H` include counts of <kolo/kolo.hpp>, and the
+# size of the b program linked statically (-static) both ways, stripped.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${1:-build}"
+repeats="${2:-3}"
+[[ "$build" = /* ]] || build="$here/$build"
+lib="$build/src/lib/libkolo.a"
+if [[ ! -f "$lib" ]]; then
+  echo "compile_time.sh: $lib not found: build the target kolo_lib first" \
+       "(cmake --build $build --target kolo_lib)" >&2
+  exit 2
+fi
+cxx="${CXX:-g++}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+cat > "$work/a.cpp" <<'CPP'
+#include <kolo/kolo.hpp>
+int main() { return 0; }
+CPP
+cat > "$work/b.cpp" <<'CPP'
+#include <kolo/kolo.hpp>
+int main() {
+  auto comm = kolo::Communicator<>::from_env();
+  std::vector<float> grad(1 << 20, 1.0f);
+  comm.allreduce(std::span<float>(grad), kolo::ReduceOp::average);
+  comm.broadcast(std::span<float>(grad), 0);
+}
+CPP
+cat > "$work/c.cpp" <<'CPP'
+#include <kolo/engine/engine.hpp>
+#include <kolo/kolo.hpp>
+int main() {
+  auto comm = kolo::Communicator<>::from_env();
+  std::vector<float> grad(1 << 20, 1.0f);
+  comm.allreduce(std::span<float>(grad), kolo::ReduceOp::average);
+  comm.broadcast(std::span<float>(grad), 0);
+  kolo::Engine<> engine(std::move(comm));
+  auto h = engine.allreduce_async("fc1.weight", kolo::TensorView(std::span<float>(grad)),
+                                  kolo::ReduceOp::average);
+  h.wait();
+}
+CPP
+
+inc=(-I"$here/include" -I"$here/backends/spark/include")
+flags=(-std=c++20 -O2 -DNDEBUG)
+libs=(-lcrypto -pthread -lrt)
+mode_flags() { if [[ "$1" == core ]]; then echo "-DKOLO_COMPILED_CORE"; fi; }
+mode_libs() { if [[ "$1" == core ]]; then echo "$lib"; fi; }
+
+echo "compiler: $("$cxx" --version | head -1)"
+echo "cpus: $(nproc); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+results="$work/results.txt"
+: > "$results"
+for ((i = 1; i <= repeats; ++i)); do
+  for f in a b c; do
+    for mode in header-only core; do
+      # shellcheck disable=SC2046
+      /usr/bin/time -f "$f $mode %e %U %S" -o "$work/t" "$cxx" "${flags[@]}" "${inc[@]}" \
+        $(mode_flags $mode) "$work/$f.cpp" -o "$work/$f-$mode" $(mode_libs $mode) "${libs[@]}"
+      cat "$work/t" >> "$results"
+    done
+  done
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+python3 - "$results" "$repeats" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+names = {"a": "empty file + <kolo/kolo.hpp>", "b": "allreduce + broadcast",
+         "c": "allreduce + broadcast + Engine"}
+print(f"compile + link at -O2, {sys.argv[2]} runs each (wall s: median / worst; cpu s: median)")
+print(f"| file | header-only wall | compiled core wall | header-only cpu | compiled core cpu |")
+print("| --- | --- | --- | --- | --- |")
+for f in "abc":
+    cells = []
+    for kind in ("wall", "cpu"):
+        for mode in ("header-only", "core"):
+            rs = [r for r in rows if r[0] == f and r[1] == mode]
+            wall = [float(r[2]) for r in rs]
+            cpu = [float(r[3]) + float(r[4]) for r in rs]
+            if kind == "wall":
+                cells.append(f"{statistics.median(wall):.2f} / {max(wall):.2f}")
+            else:
+                cells.append(f"{statistics.median(cpu):.2f}")
+    print(f"| {names[f]} | " + " | ".join(cells) + " |")
+PY
+echo
+hcount() {
+  # shellcheck disable=SC2046
+  "$cxx" "${flags[@]}" "${inc[@]}" $(mode_flags "$1") -H -fsyntax-only "$work/a.cpp" 2>&1 |
+    grep -c '^\.'
+}
+lines() {
+  # shellcheck disable=SC2046
+  "$cxx" "${flags[@]}" "${inc[@]}" $(mode_flags "$1") -E "$work/a.cpp" | wc -l
+}
+echo "<kolo/kolo.hpp>: header-only $(hcount header-only) includes, $(lines header-only) lines" \
+     "preprocessed; compiled core $(hcount core) includes, $(lines core) lines"
+echo
+for mode in header-only core; do
+  # shellcheck disable=SC2046
+  if "$cxx" "${flags[@]}" "${inc[@]}" $(mode_flags $mode) -static "$work/b.cpp" \
+       -o "$work/b-static-$mode" $(mode_libs $mode) "${libs[@]}" -ldl 2> "$work/static.log"; then
+    strip -o "$work/b-static-$mode.stripped" "$work/b-static-$mode"
+    echo "b linked -static ($mode): $(stat -c %s "$work/b-static-$mode") bytes," \
+         "$(stat -c %s "$work/b-static-$mode.stripped") stripped"
+  else
+    echo "b linked -static ($mode): failed (a static libcrypto is needed):"
+    head -5 "$work/static.log"
+  fi
+done
