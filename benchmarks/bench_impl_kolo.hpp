@@ -63,9 +63,8 @@ class KoloImpl final : public Impl {
         "topology: hosts " + std::to_string(comm_.cross_size()) + ", local ranks " +
             std::to_string(comm_.local_size()) + ", hardware threads " +
             std::to_string(std::thread::hardware_concurrency()),
-        "algorithm: --algo " + cfg_.algo +
-            "; per collective and size by the Selector: " + comm_.selector().describe() +
-            "; segment " + std::to_string(co.segment_bytes) + " B",
+        "algorithm: --algo " + cfg_.algo + "; per collective and size by the Selector: " +
+            comm_.selector().describe() + "; segment " + std::to_string(co.segment_bytes) + " B",
         "compression: " + std::string(compression_.name) +
             (compression_.enabled() ? " (compress -> allreduce on the 16-bit wire -> "
                                       "decompress, timed; tolerance 2^-10 fp16, 2^-7 bf16 relative)"
@@ -139,7 +138,6 @@ class KoloImpl final : public Impl {
   }
 
  public:
-
   double tolerance() const override {
     if (!compression_.enabled()) return 0.0;
     return compression_.wire == DataType::bfloat16 ? 1.0 / 128 : 1.0 / 1024;

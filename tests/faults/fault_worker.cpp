@@ -543,7 +543,8 @@ int run(int argc, char** argv) {
   std::fprintf(
       stderr,
       "usage: fault_worker mismatch-count|mismatch-dtype|mismatch-order [elems]|null-buffer|"
-      "bad-root|skip [seconds]|kill [victim ms elems]|setup|engine|clean [rounds]|chaos seed [0 max_elems]|\n"
+      "bad-root|skip [seconds]|kill [victim ms elems]|setup|engine|clean [rounds]|chaos seed [0 "
+      "max_elems]|\n"
       "verify seed [steps max_elems]\n");
   return 2;
 }

@@ -80,9 +80,9 @@ void skipped_call(const char* transport, int np) {
   CAPTURE(transport);
   CAPTURE(np);
   const double T = 2.0;
-  const JobResult r = kolo_run(np, {"skip", "3.5"},
-                               {std::string("KOLO_TRANSPORT=") + transport,
-                                "KOLO_TIMEOUT_SECONDS=" + std::to_string(T)});
+  const JobResult r = kolo_run(
+      np, {"skip", "3.5"},
+      {std::string("KOLO_TRANSPORT=") + transport, "KOLO_TIMEOUT_SECONDS=" + std::to_string(T)});
   expect_all_ranks(r, np, "TimeoutError",
                    {"rank 1 never reached allreduce #", "skipped this call"});
   const auto reports = fault_reports(r.out);

@@ -42,8 +42,8 @@
 #include "kolo/net/socket.hpp"
 #include "kolo/topology/bootstrap.hpp"
 #include "kolo/transport/mesh/shm_channel.hpp"
-#include "kolo/transport/route.hpp"
 #include "kolo/transport/mesh/tcp_channel.hpp"
+#include "kolo/transport/route.hpp"
 
 namespace kolo {
 
