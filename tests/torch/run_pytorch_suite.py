@@ -54,6 +54,9 @@ def parse_args():
     ap.add_argument("--gates-as", metavar="BACKEND",
                     help="evaluate the suite's backend-name gates as if BACKEND ran (e.g. gloo: "
                          "run the tests it reserves for gloo), while the tests use --backend")
+    ap.add_argument("--fork", action="store_true",
+                    help="fork the ranks from this process (torch already imported) instead of "
+                         "spawning fresh interpreters: the same tests, about 3x faster on 2 cores")
     ap.add_argument("-v", action="store_true")
     return ap.parse_args()
 
@@ -67,6 +70,8 @@ if __name__ == "__main__":
     os.environ["WORLD_SIZE"] = str(ARGS.world_size)
     os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="kolo-pt-suite-"))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if ARGS.fork:
+        os.environ["KOLO_SUITE_FORK"] = "1"
     if ARGS.gates_as:
         os.environ["KOLO_SUITE_GATES_AS"] = ARGS.gates_as
 
@@ -85,6 +90,7 @@ if _backend == "kolo":
     for _feature in ("ddp", "subgroup", "plugin"):
         DistTestCases.backend_feature[_feature].add("kolo")
 
+import torch.multiprocessing  # noqa: E402
 import torch.testing._internal.distributed.distributed_test as _suite  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     DistributedTest, TestDistBackend)
@@ -97,7 +103,11 @@ if _gates:
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if os.environ.get("KOLO_SUITE_FORK") == "1":
+            # _start_processes with a fork context (torch keeps no fork variant any more)
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
+        else:
+            self._spawn_processes()
 
 
 def run(args):
