@@ -42,6 +42,16 @@ SELECTIONS = {
            r"test_ddp_comm_hook_logging$", r"test_all_reduce_sum_async$"],
 }
 
+# Tests Gloo passes and kolo does not, each a documented gap (docs/torch.md): --skip-known-gaps
+# leaves them out (CI runs the rest and fails on anything else).
+KNOWN_GAPS = {
+    r"test_send_recv_any_source": "recv from any source (recvAnysource): kolo matches every "
+                                  "message by its sender, as NCCL does (the suite skips these "
+                                  "tests for NCCL)",
+    r"test_ddp_logging_data_cpu$": "asserts DDP's logged backend_name equals 'kolo'; torch's "
+                                   "ProcessGroup reports 'custom' for every registered backend",
+}
+
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__,
@@ -57,6 +67,8 @@ def parse_args():
     ap.add_argument("--fork", action="store_true",
                     help="fork the ranks from this process (torch already imported) instead of "
                          "spawning fresh interpreters: the same tests, about 3x faster on 2 cores")
+    ap.add_argument("--skip-known-gaps", action="store_true",
+                    help="leave out the tests of KNOWN_GAPS (documented gaps, see docs/torch.md)")
     ap.add_argument("-v", action="store_true")
     return ap.parse_args()
 
@@ -115,6 +127,11 @@ def run(args):
     loader = unittest.TestLoader()
     names = loader.getTestCaseNames(TestDistBackendWithSpawn)
     chosen = [n for n in names if not patterns or any(re.search(p, n) for p in patterns)]
+    if args.skip_known_gaps:
+        for n in [n for n in chosen if any(re.search(p, n) for p in KNOWN_GAPS)]:
+            why = next(w for p, w in KNOWN_GAPS.items() if re.search(p, n))
+            print(f"left out (known gap): {n}: {why}")
+            chosen.remove(n)
     if args.list:
         print("\n".join(chosen))
         print(f"{len(chosen)} tests")
