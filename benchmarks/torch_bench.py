@@ -161,9 +161,19 @@ def ddp_rank(rank, n, port, args, queue):
         loss_fn(m(data), target).backward()
         o.step()
 
+    def divergence():
+        return max(((pk - pg_).abs() / (pg_.abs() + 1e-3)).max().item()
+                   for pk, pg_ in zip(models["kolo"].parameters(), models["gloo"].parameters()))
+
     for name in models:
         for _ in range(2):
             step(name)
+    # kolo's and gloo's DDP replicas took the same two steps from the same start: equal weights
+    # up to the order of the floating-point sums (~1e-7). Checked here, not at the end: over
+    # more steps a 1e-7 difference can flip a ReLU or a max-pool choice somewhere, and from then
+    # on the two trajectories differ by ~lr x gradient (1e-4) for a reason that is no error.
+    early = divergence()
+    assert early < 1e-5, f"kolo and gloo DDP diverged: max |kolo - gloo| / (|gloo| + 1e-3) = {early:.3g}"
     times = {k: [] for k in models}
     for _ in range(args.repeats):
         for name in models:
@@ -171,9 +181,10 @@ def ddp_rank(rank, n, port, args, queue):
             times[name].append(timed(lambda: step(name), args.steps))
     t = torch.tensor([times[k] for k in models], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo_pg)
-    # kolo's and gloo's DDP replicas took the same steps from the same start: equal weights
-    for pk, pg_ in zip(models["kolo"].parameters(), models["gloo"].parameters()):
-        assert torch.allclose(pk, pg_, rtol=1e-4, atol=1e-6), "kolo and gloo DDP diverged"
+    late = divergence()
+    if rank == 0:
+        print(f"kolo vs gloo weights, max |kolo - gloo| / (|gloo| + 1e-3): {early:.3g} after 2 "
+              f"steps (checked < 1e-5), {late:.3g} after {2 + args.repeats * args.steps}", flush=True)
     if rank == 0:
         params = sum(p.numel() for p in base.parameters())
         out = {"params": params, "grad_bytes": params * 4, "batch": args.batch,
@@ -211,7 +222,19 @@ def main():
     procs = [ctx.Process(target=target, args=(r, args.np, port, args, q)) for r in range(args.np)]
     for p in procs:
         p.start()
-    result = q.get(timeout=3600)
+    # Wait for rank 0's result, but not for a rank that already failed.
+    import queue as queue_mod
+    deadline = time.monotonic() + 3600
+    while True:
+        try:
+            result = q.get(timeout=1)
+            break
+        except queue_mod.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                sys.exit(f"rank exited with {dead[0].exitcode}" if dead else "timed out")
     for p in procs:
         p.join(60)
         if p.exitcode != 0:
