@@ -10,13 +10,15 @@ script measures, interleaved (the order rotates every repeat):
 
   tcp xK          raw TCP from host 1 to host 2 over K streams (K = 1 and 4): what the link and
                   this machine's CPUs give one and several sockets, without kolo
+  tcp duplex xK   the same in both directions at once, as an allreduce moves its bytes
   kolo            kolo-bench allreduce, float32 sum, routed transport (shared memory inside a
                   host, TCP between), the Selector's choice (hierarchical at this size)
   kolo fp16       the same with --compression fp16 (a 16-bit wire)
   kolo ring       the flat ring forced (KOLO_ALLREDUCE=ring:0-max), for comparison
   gloo            Gloo's ring allreduce through kolo-bench --impl gloo, when built with Gloo
 
-and then, on the root namespace's loopback, N = 2 over TCP, kolo with and without fp16.
+and then, on the root namespace's loopback, N = 2 over TCP, kolo with and without fp16 (5
+iterations after one warm-up).
 
 Each case is a fresh `kolo-run` (connection set-up excluded, the first timed iteration
 included) timing --iters allreduces of --size bytes; a repeat is one such run. Reported: the
@@ -114,27 +116,39 @@ def send(addr, port, streams, nbytes):
         t.join()
 
 
-def raw_tcp(streams, nbytes):
-    """Bytes per second host 1 -> host 2 over `streams` sockets."""
+def raw_tcp(streams, nbytes, duplex):
+    """Seconds to move `nbytes` from host 1 to host 2 over `streams` sockets; duplex: host 2
+    sends as many bytes to host 1 at the same time (as an allreduce does), the slower side."""
     me = os.path.abspath(__file__)
-    srv = subprocess.Popen(["ip", "netns", "exec", f"{PREFIX}-h2", sys.executable, me,
-                            "--serve", str(streams)], stdout=subprocess.PIPE, text=True)
-    assert srv.stdout.readline().strip() == "ready"
-    subprocess.run(["ip", "netns", "exec", f"{PREFIX}-h1", sys.executable, me, "--send",
-                    str(streams), str(nbytes)], check=True, timeout=300)
-    total, secs = srv.stdout.readline().split()
-    srv.wait(timeout=30)
-    return int(total) / float(secs)
+    pairs = [(1, 2), (2, 1)] if duplex else [(1, 2)]
+    servers = []
+    for src, dst in pairs:
+        srv = subprocess.Popen(["ip", "netns", "exec", f"{PREFIX}-h{dst}", sys.executable, me,
+                                "--serve", str(streams)], stdout=subprocess.PIPE, text=True)
+        assert srv.stdout.readline().strip() == "ready"
+        servers.append(srv)
+    senders = [subprocess.Popen(["ip", "netns", "exec", f"{PREFIX}-h{src}", sys.executable, me,
+                                 "--send", f"{SUBNET}.{10 + dst}", str(streams), str(nbytes)])
+               for src, dst in pairs]
+    for p in senders:
+        if p.wait(timeout=300) != 0:
+            raise SystemExit("link_rate.py: a raw TCP sender failed")
+    worst = 0.0
+    for srv in servers:
+        total, secs = srv.stdout.readline().split()
+        srv.wait(timeout=30)
+        worst = max(worst, float(secs) * nbytes / int(total))
+    return worst
 
 
 # ---- allreduce runs ----
 
-def allreduce(build, case, size, iters, hosts=True):
+def allreduce(build, case, size, iters, hosts=True, warmup=0):
     """Seconds per allreduce (kolo-bench's out-of-place time), or None where not available."""
     run = os.path.join(build, "backends", "local", "kolo-run")
     bench = os.path.join(build, "benchmarks", "kolo-bench")
     env = dict(os.environ, KOLO_TIMEOUT_SECONDS="300")
-    args = [bench, "-b", str(size), "-e", str(size), "-n", str(iters), "-w", "0", "-c", "1"]
+    args = [bench, "-b", str(size), "-e", str(size), "-n", str(iters), "-w", str(warmup), "-c", "1"]
     if case == "gloo":
         args += ["--impl", "gloo"]
     else:
@@ -180,7 +194,7 @@ def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "--serve":
         return serve(PORT, int(sys.argv[2]))
     if len(sys.argv) >= 2 and sys.argv[1] == "--send":
-        return send(f"{SUBNET}.12", PORT, int(sys.argv[2]), int(sys.argv[3]))
+        return send(sys.argv[2], PORT, int(sys.argv[3]), int(sys.argv[4]))
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
@@ -201,17 +215,19 @@ def main():
     try:
         for rate_text in a.rates.split(","):
             rate = parse_rate(rate_text)
-            # The bucket must hold what the rate sends in a few timer ticks, or tbf falls short.
-            burst = max(256 * 1024, int(rate * 0.004))
+            # A real link has no burst: keep the bucket small (tbf's timer is a high-resolution
+            # one), and below the 256 KiB messages of the Selector's probe, which would
+            # otherwise measure the burst instead of the rate.
+            burst = 128 * 1024
             netns("limit", PREFIX, "2", rate_text, str(burst))
             res = results.setdefault(rate_text, {})
             for r in range(a.repeats):
-                order = ["tcp x1", "tcp x4"] + cases
+                order = ["tcp x1", "tcp x4", "tcp duplex x1", "tcp duplex x4"] + cases
                 k = r % len(order)
                 for case in order[k:] + order[:k]:
                     if case.startswith("tcp"):
-                        bps = raw_tcp(int(case[-1]), size)
-                        res.setdefault(case, []).append(size / bps)
+                        res.setdefault(case, []).append(
+                            raw_tcp(int(case[-1]), size, "duplex" in case))
                     else:
                         t = allreduce(build, case, size, a.iters)
                         if t is not None:
@@ -224,7 +240,8 @@ def main():
     loop = {}
     for r in range(a.repeats):
         for case in (["kolo", "kolo fp16"] if r % 2 == 0 else ["kolo fp16", "kolo"]):
-            loop.setdefault(case, []).append(allreduce(build, case, size, a.iters, hosts=False))
+            loop.setdefault(case, []).append(
+                allreduce(build, case, size, 5, hosts=False, warmup=1))
     print(f"load after: {open('/proc/loadavg').read().split()[:3]}")
 
     print(f"\n{size} B allreduce float32 sum, 2 hosts x 2 ranks, {a.repeats} repeats "
@@ -235,7 +252,7 @@ def main():
         print("| case | time per allreduce (ms) | link busbw (MB/s) | x link rate |")
         print("| --- | --- | --- | --- |")
         for case, ts in res.items():
-            # raw TCP: bytes / t; an allreduce: S * 2(H-1)/H / t = S / t for H = 2
+            # raw TCP: bytes per direction / t; an allreduce: S * 2(H-1)/H / t = S / t (H = 2)
             bw = [size / t for t in ts]
             label = case + (f" ({', '.join(sorted(ALGOS[case]))})" if case in ALGOS else "")
             print(f"| {label} | {fmt(ts, 1e3, 1)} | {statistics.median(bw) / 1e6:.0f} / "
