@@ -82,6 +82,10 @@ if __name__ == "__main__":
     os.environ["WORLD_SIZE"] = str(ARGS.world_size)
     os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="kolo-pt-suite-"))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The suite sets its own timeouts through torch (init_process_group/new_group(timeout=...))
+    # and checks them (test_barrier_timeout_*); KOLO_TIMEOUT_SECONDS, which CI exports for
+    # kolo's own tests, would override them (it wins over torch's timeout by design).
+    os.environ.pop("KOLO_TIMEOUT_SECONDS", None)
     if ARGS.fork:
         os.environ["KOLO_SUITE_FORK"] = "1"
     if ARGS.gates_as:
