@@ -29,6 +29,7 @@ import socket
 import statistics
 import sys
 import time
+from queue import Empty
 
 import torch
 import torch.distributed as dist
@@ -223,13 +224,12 @@ def main():
     for p in procs:
         p.start()
     # Wait for rank 0's result, but not for a rank that already failed.
-    import queue as queue_mod
     deadline = time.monotonic() + 3600
     while True:
         try:
             result = q.get(timeout=1)
             break
-        except queue_mod.Empty:
+        except Empty:
             dead = [p for p in procs if p.exitcode not in (None, 0)]
             if dead or time.monotonic() > deadline:
                 for p in procs:
