@@ -2,7 +2,7 @@
 # Compile time of kolo for a user, header-only (kolo::kolo) vs the compiled core (kolo::kolo_lib):
 # docs/performance.md "Compile time" comes from this script.
 #
-#   benchmarks/compile_time.sh [BUILD_DIR] [REPEATS]
+#   benchmarks/compile_time.sh [BUILD_DIR] [REPEATS] [BASE_TREE BASE_BUILD_DIR]
 #
 # BUILD_DIR is a configured kolo build in which the target kolo_lib is built (libkolo.a under
 # src/lib; default: build). Three user files, as a user writes them:
@@ -14,15 +14,27 @@
 # (default 3). Prints per case the median and the worst wall time and the median CPU time
 # (user + sys), the load before and after, the `-H` include counts of <kolo/kolo.hpp>, and the
 # size of the b program linked statically (-static) both ways, stripped.
+#
+# With BASE_TREE and BASE_BUILD_DIR (another checkout, e.g. the previous commit, and its build
+# with kolo_lib built), the same cases of that tree run interleaved with this one's, in the same
+# run: the "before" and "after" of a change, with the same load.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-build}"
 repeats="${2:-3}"
+base_tree="${3:-}"
+base_build="${4:-}"
 [[ "$build" = /* ]] || build="$here/$build"
 lib="$build/src/lib/libkolo.a"
-if [[ ! -f "$lib" ]]; then
-  echo "compile_time.sh: $lib not found: build the target kolo_lib first" \
-       "(cmake --build $build --target kolo_lib)" >&2
+for l in "$lib" ${base_build:+"$base_build/src/lib/libkolo.a"}; do
+  if [[ ! -f "$l" ]]; then
+    echo "compile_time.sh: $l not found: build the target kolo_lib first" \
+         "(cmake --build $(dirname "$(dirname "$(dirname "$l")")") --target kolo_lib)" >&2
+    exit 2
+  fi
+done
+if [[ -n "$base_tree" && -z "$base_build" ]]; then
+  echo "compile_time.sh: BASE_TREE needs BASE_BUILD_DIR" >&2
   exit 2
 fi
 cxx="${CXX:-g++}"
@@ -58,10 +70,18 @@ int main() {
 CPP
 
 inc=(-I"$here/include" -I"$here/backends/spark/include")
+base_inc=()
+[[ -z "$base_tree" ]] || base_inc=(-I"$base_tree/include" -I"$base_tree/backends/spark/include")
+modes=(header-only core)
+[[ -z "$base_tree" ]] || modes=(base-header-only base-core header-only core)
 flags=(-std=c++20 -O2 -DNDEBUG)
 libs=(-lcrypto -pthread -lrt)
-mode_flags() { if [[ "$1" == core ]]; then echo "-DKOLO_COMPILED_CORE"; fi; }
-mode_libs() { if [[ "$1" == core ]]; then echo "$lib"; fi; }
+mode_flags() { if [[ "$1" == *core ]]; then echo "-DKOLO_COMPILED_CORE"; fi; }
+mode_libs() {
+  if [[ "$1" == core ]]; then echo "$lib"; fi
+  if [[ "$1" == base-core ]]; then echo "$base_build/src/lib/libkolo.a"; fi
+}
+mode_inc() { if [[ "$1" == base-* ]]; then echo "${base_inc[@]}"; else echo "${inc[@]}"; fi; }
 
 echo "compiler: $("$cxx" --version | head -1)"
 echo "cpus: $(nproc); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -69,9 +89,9 @@ results="$work/results.txt"
 : > "$results"
 for ((i = 1; i <= repeats; ++i)); do
   for f in a b c; do
-    for mode in header-only core; do
+    for mode in "${modes[@]}"; do
       # shellcheck disable=SC2046
-      /usr/bin/time -f "$f $mode %e %U %S" -o "$work/t" "$cxx" "${flags[@]}" "${inc[@]}" \
+      /usr/bin/time -f "$f $mode %e %U %S" -o "$work/t" "$cxx" "${flags[@]}" $(mode_inc $mode) \
         $(mode_flags $mode) "$work/$f.cpp" -o "$work/$f-$mode" $(mode_libs $mode) "${libs[@]}"
       cat "$work/t" >> "$results"
     done
@@ -79,18 +99,22 @@ for ((i = 1; i <= repeats; ++i)); do
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-python3 - "$results" "$repeats" <<'PY'
+python3 - "$results" "$repeats" "${modes[@]}" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+modes = sys.argv[3:]
 names = {"a": "empty file + <kolo/kolo.hpp>", "b": "allreduce + broadcast",
          "c": "allreduce + broadcast + Engine"}
+title = {"header-only": "header-only", "core": "compiled core",
+         "base-header-only": "base header-only", "base-core": "base compiled core"}
 print(f"compile + link at -O2, {sys.argv[2]} runs each (wall s: median / worst; cpu s: median)")
-print(f"| file | header-only wall | compiled core wall | header-only cpu | compiled core cpu |")
-print("| --- | --- | --- | --- | --- |")
+print("| file | " + " | ".join(f"{title[m]} wall" for m in modes) + " | " +
+      " | ".join(f"{title[m]} cpu" for m in modes) + " |")
+print("| --- " * (1 + 2 * len(modes)) + "|")
 for f in "abc":
     cells = []
     for kind in ("wall", "cpu"):
-        for mode in ("header-only", "core"):
+        for mode in modes:
             rs = [r for r in rows if r[0] == f and r[1] == mode]
             wall = [float(r[2]) for r in rs]
             cpu = [float(r[3]) + float(r[4]) for r in rs]
@@ -103,13 +127,18 @@ PY
 echo
 hcount() {
   # shellcheck disable=SC2046
-  "$cxx" "${flags[@]}" "${inc[@]}" $(mode_flags "$1") -H -fsyntax-only "$work/a.cpp" 2>&1 |
+  "$cxx" "${flags[@]}" $(mode_inc "$1") $(mode_flags "$1") -H -fsyntax-only "$work/a.cpp" 2>&1 |
     grep -c '^\.'
 }
 lines() {
   # shellcheck disable=SC2046
-  "$cxx" "${flags[@]}" "${inc[@]}" $(mode_flags "$1") -E "$work/a.cpp" | wc -l
+  "$cxx" "${flags[@]}" $(mode_inc "$1") $(mode_flags "$1") -E "$work/a.cpp" | wc -l
 }
+if [[ -n "$base_tree" ]]; then
+  echo "<kolo/kolo.hpp> (base): header-only $(hcount base-header-only) includes," \
+       "$(lines base-header-only) lines preprocessed; compiled core $(hcount base-core)" \
+       "includes, $(lines base-core) lines"
+fi
 echo "<kolo/kolo.hpp>: header-only $(hcount header-only) includes, $(lines header-only) lines" \
      "preprocessed; compiled core $(hcount core) includes, $(lines core) lines"
 echo

@@ -93,46 +93,14 @@ struct CommunicatorOptions {
   // for transports that report their routes (shm, tcp, routed), built-in defaults otherwise.
   std::optional<TuningSource> tuning;
 
-  static CommunicatorOptions from_env(const EnvLookup& env = process_env()) {
-    CommunicatorOptions o;
-    if (auto v = config::get_int(env, config::vars::small_allreduce_bytes)) {
-      o.small_allreduce_bytes = static_cast<std::size_t>(*v);
-    }
-    if (auto v = config::get_int(env, config::vars::segment_bytes)) {
-      o.segment_bytes = static_cast<std::size_t>(*v);
-    }
-    read_algorithm_rules(env, o);
-    o.tuning = TuningSource::from_env(env);
-    return o;
-  }
+  static CommunicatorOptions from_env(const EnvLookup& env = process_env());
 
   // KOLO_<COLLECTIVE> for every collective with a registry, in one place. Set but empty means
   // unset, as for KOLO_TRANSPORT.
-  static void read_algorithm_rules(const EnvLookup& env, CommunicatorOptions& o) {
-    auto read = [&](auto& rules) {
-      using Algo = typename std::remove_reference_t<decltype(rules)>::algorithm_type;
-      const char* var = AlgorithmTraits<Algo>::env;
-      const config::Var* decl = config::find_var(var);  // every one is in the table
-      if (auto v = config::get_text(env, *decl)) rules = SizeRules<Algo>::parse(var, *v);
-    };
-    read(o.allreduce_rules);
-    read(o.broadcast_rules);
-    read(o.allgather_rules);
-    read(o.reduce_scatter_rules);
-    read(o.alltoall_rules);
-  }
+  static void read_algorithm_rules(const EnvLookup& env, CommunicatorOptions& o);
 
   // The allreduce rules in effect: explicit rules, else the deprecated threshold, else none.
-  SizeRules<AllreduceAlgorithm> effective_allreduce_rules() const {
-    if (!allreduce_rules.empty() || !small_allreduce_bytes) return allreduce_rules;
-    const std::size_t n = *small_allreduce_bytes;
-    if (n == SizeRules<AllreduceAlgorithm>::kMax) {
-      return SizeRules<AllreduceAlgorithm>::always(AllreduceAlgorithm::recursive_doubling);
-    }
-    return SizeRules<AllreduceAlgorithm>::parse(
-        "KOLO_SMALL_ALLREDUCE_BYTES",
-        "recursive-doubling:0-" + std::to_string(n) + ";ring:" + std::to_string(n + 1) + "-max");
-  }
+  SizeRules<AllreduceAlgorithm> effective_allreduce_rules() const;
 };
 
 template <class T = DefaultTransport>
@@ -1003,4 +971,10 @@ extern template class Communicator<RoutedTransport>;
 extern template class Communicator<ShmTransport>;
 extern template class Communicator<TcpTransport>;
 }  // namespace kolo
+#endif
+
+// Header-only: CommunicatorOptions' definitions, inline (compiled core: in the library,
+// src/lib/core_impl.cpp).
+#if !KOLO_USE_COMPILED_CORE
+#include "kolo/detail/communicator_impl.hpp"
 #endif

@@ -9,6 +9,7 @@
 // writes the hostile bytes. Forked before any thread exists, so the child is an ordinary
 // single-threaded process; the store starts in the parent after the fork.
 #include "harness.hpp"
+#include "kolo/topology/store.hpp"
 
 using namespace kolo_faults;
 

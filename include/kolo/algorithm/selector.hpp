@@ -46,6 +46,7 @@
 
 #include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/registry.hpp"
+#include "kolo/core/compiled_core.hpp"
 #include "kolo/core/error.hpp"
 
 namespace kolo {
@@ -244,61 +245,11 @@ struct Tuning {
   }
 
   // "key value" lines: microseconds for α, nanoseconds per byte for β and γ, and the cores.
-  std::string to_text() const {
-    char buf[512];
-    std::snprintf(buf, sizeof(buf),
-                  "# kolo tuning: alpha in microseconds, beta and gamma in nanoseconds per byte\n"
-                  "shm_alpha_us %.4f\nshm_beta_ns %.5f\ntcp_alpha_us %.4f\ntcp_beta_ns %.5f\n"
-                  "gamma_ns %.5f\ncores %d\n",
-                  shm.alpha * 1e6, shm.beta * 1e9, tcp.alpha * 1e6, tcp.beta * 1e9, gamma * 1e9,
-                  cores);
-    return buf;
-  }
+  std::string to_text() const;
 
   // Parses to_text()'s format; keys may be missing (defaults stay), unknown keys and bad numbers
   // are ConfigErrors naming `where` and the line.
-  static Tuning from_text(std::string_view text, const std::string& where) {
-    Tuning t;
-    std::size_t line_no = 0;
-    while (!text.empty()) {
-      const auto nl = text.find('\n');
-      std::string_view line = detail::trim(text.substr(0, nl));
-      text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
-      ++line_no;
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      if (line.empty() || line.front() == '#') continue;
-      const auto sp = line.find_first_of(" \t=");
-      const std::string key(line.substr(0, sp));
-      const std::string val(sp == std::string_view::npos ? "" : detail::trim(line.substr(sp + 1)));
-      const std::string at = where + ": line " + std::to_string(line_no) + ": ";
-      char* end = nullptr;
-      const double v = std::strtod(val.c_str(), &end);
-      if (val.empty() || end != val.c_str() + val.size() || !(v >= 0) || !std::isfinite(v)) {
-        throw ConfigError(at + "'" + std::string(line) + "' needs a non-negative number");
-      }
-      if (key == "shm_alpha_us") {
-        t.shm.alpha = v * 1e-6;
-      } else if (key == "shm_beta_ns") {
-        t.shm.beta = v * 1e-9;
-      } else if (key == "tcp_alpha_us") {
-        t.tcp.alpha = v * 1e-6;
-      } else if (key == "tcp_beta_ns") {
-        t.tcp.beta = v * 1e-9;
-      } else if (key == "gamma_ns") {
-        t.gamma = v * 1e-9;
-      } else if (key == "cores") {
-        if (v != std::floor(v) || v > 1e6) {
-          throw ConfigError(at + "'" + std::string(line) + "' needs a whole number of cores");
-        }
-        t.cores = static_cast<int>(v);
-      } else {
-        throw ConfigError(at + "unknown key '" + key +
-                          "' (expected shm_alpha_us, shm_beta_ns, tcp_alpha_us, tcp_beta_ns, "
-                          "gamma_ns, cores)");
-      }
-    }
-    return t;
-  }
+  static Tuning from_text(std::string_view text, const std::string& where);
 };
 
 // ---------------------------------------------------------------- the selector
@@ -306,18 +257,7 @@ struct Tuning {
 class Selector {
  public:
   Selector() : Selector(Tuning{}, SelectionShape{}) {}
-  Selector(Tuning tuning, SelectionShape shape, std::size_t segment_bytes = 256 * 1024)
-      : tuning_(tuning), shape_(shape), segment_bytes_(segment_bytes) {
-    // Ranks on the busiest host: all of them on one host.
-    const int per_host = shape_.hosts <= 1 ? shape_.size : shape_.local_size;
-    const int cores = tuning_.cores;
-    rho_ = cores > 0 ? std::max(1.0, static_cast<double>(per_host) / cores) : 1.0;
-    // Host-local β (the flat link when the job is on one host) and γ share the cores.
-    eff_flat_ = shape_.flat;
-    if (shape_.hosts <= 1) eff_flat_.beta *= rho_;
-    eff_gamma_ = tuning_.gamma * rho_;
-    std::apply([](auto&... t) { (t.snapshot(), ...); }, tables_);
-  }
+  Selector(Tuning tuning, SelectionShape shape, std::size_t segment_bytes = 256 * 1024);
 
   const Tuning& tuning() const { return tuning_; }
   const SelectionShape& shape() const { return shape_; }
@@ -415,14 +355,12 @@ class Selector {
   void force_allreduce(AllreduceAlgorithm a) { force(a); }
   void force_broadcast(BroadcastAlgorithm a) { force(a); }
   // Same grammar as KOLO_ALLREDUCE / KOLO_BROADCAST; a bad spec is a ConfigError.
-  void set_allreduce_rules(std::string_view spec) { set_rules<AllreduceAlgorithm>(spec); }
-  void set_broadcast_rules(std::string_view spec) { set_rules<BroadcastAlgorithm>(spec); }
+  void set_allreduce_rules(std::string_view spec);
+  void set_broadcast_rules(std::string_view spec);
   void set_allreduce_rules(SizeRules<AllreduceAlgorithm> r) { set_rules(std::move(r)); }
   void set_broadcast_rules(SizeRules<BroadcastAlgorithm> r) { set_rules(std::move(r)); }
   // Back to the cost model for every size and collective.
-  void clear_overrides() {
-    std::apply([](auto&... t) { ((t.rules = {}), ...); }, tables_);
-  }
+  void clear_overrides();
   const SizeRules<AllreduceAlgorithm>& allreduce_rules() const {
     return rules<AllreduceAlgorithm>();
   }
@@ -473,24 +411,7 @@ class Selector {
                                l.alpha / std::max(l.beta, 1e-15), segment_bytes_);
   }
 
-  std::string describe() const {
-    char buf[320];
-    std::snprintf(buf, sizeof(buf),
-                  "tuning %s: shm a=%.2fus b=%.3fns/B, tcp a=%.2fus b=%.3fns/B, g=%.3fns/B, "
-                  "%d cores (%.2g ranks per core); ",
-                  Tuning::source_name(tuning_.source), tuning_.shm.alpha * 1e6,
-                  tuning_.shm.beta * 1e9, tuning_.tcp.alpha * 1e6, tuning_.tcp.beta * 1e9,
-                  tuning_.gamma * 1e9, tuning_.cores, rho_);
-    std::string s = std::string(buf) + "allreduce " + rules<AllreduceAlgorithm>().describe() +
-                    ", broadcast " + rules<BroadcastAlgorithm>().describe();
-    auto more = [&](const char* name, const auto& r) {
-      if (!r.empty()) s += std::string(", ") + name + " " + r.describe();
-    };
-    more("allgather", rules<AllgatherAlgorithm>());
-    more("reduce_scatter", rules<ReduceScatterAlgorithm>());
-    more("alltoall", rules<AlltoallAlgorithm>());
-    return s;
-  }
+  std::string describe() const;
 
  private:
   static constexpr std::size_t kBuckets = 66;  // 0, 1, 2^1 .. 2^64
@@ -649,3 +570,9 @@ class Selector {
 };
 
 }  // namespace kolo
+
+// Header-only: the definitions of the non-template members, inline (compiled core: in the
+// library, src/lib/core_impl.cpp).
+#if !KOLO_USE_COMPILED_CORE
+#include "kolo/algorithm/detail/selector_impl.hpp"
+#endif

@@ -25,10 +25,9 @@
 #include "kolo/core/float16.hpp"
 #include "kolo/core/reduce.hpp"
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+// The F16C/AVX2 conversions and the CPU checks are declared in core/reduce.hpp (detail::).
+#ifdef KOLO_REDUCE_F16C
 #define KOLO_HAVE_F16C_DISPATCH 1
-#include <cpuid.h>
-#include <immintrin.h>
 #endif
 
 namespace kolo {
@@ -42,69 +41,6 @@ concept Compressor = requires(const float* src, void* wire, const void* cwire, f
   C::compress(src, wire, n, scale);
   C::decompress(cwire, dst, n, scale);
 };
-
-namespace detail {
-
-#ifdef KOLO_HAVE_F16C_DISPATCH
-[[gnu::target("f16c,avx")]] inline void f32_to_f16_f16c(const float* s, std::uint16_t* d,
-                                                        std::size_t n, float scale) {
-  const __m256 k = _mm256_set1_ps(scale);
-  // `i < whole` rather than `i + 8 <= n`: GCC (-O3, inlined with a known bound) otherwise
-  // warns that a wrapped `i + 8` would be undefined behaviour.
-  const std::size_t whole = n - n % 8;
-  std::size_t i = 0;
-  for (; i < whole; i += 8) {
-    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + i), k);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
-                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-  }
-  for (; i < n; ++i) d[i] = float_to_half_bits(s[i] * scale);
-}
-[[gnu::target("f16c,avx")]] inline void f16_to_f32_f16c(const std::uint16_t* s, float* d,
-                                                        std::size_t n, float scale) {
-  const __m256 k = _mm256_set1_ps(scale);
-  // `i < whole` rather than `i + 8 <= n`: GCC (-O3, inlined with a known bound) otherwise
-  // warns that a wrapped `i + 8` would be undefined behaviour.
-  const std::size_t whole = n - n % 8;
-  std::size_t i = 0;
-  for (; i < whole; i += 8) {
-    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-    _mm256_storeu_ps(d + i, _mm256_mul_ps(v, k));
-  }
-  for (; i < n; ++i) d[i] = half_bits_to_float(s[i]) * scale;
-}
-[[gnu::target("avx2")]] inline void f32_to_bf16_avx2(const float* s, std::uint16_t* d,
-                                                     std::size_t n, float scale) {
-  const __m256 k = _mm256_set1_ps(scale);
-  // `i < whole` rather than `i + 8 <= n`: GCC (-O3, inlined with a known bound) otherwise
-  // warns that a wrapped `i + 8` would be undefined behaviour.
-  const std::size_t whole = n - n % 8;
-  std::size_t i = 0;
-  for (; i < whole; i += 8) f32x8_to_bf16x8(_mm256_mul_ps(_mm256_loadu_ps(s + i), k), d + i);
-  for (; i < n; ++i) d[i] = float_to_bfloat16_bits(s[i] * scale);
-}
-[[gnu::target("avx2")]] inline void bf16_to_f32_avx2(const std::uint16_t* s, float* d,
-                                                     std::size_t n, float scale) {
-  const __m256 k = _mm256_set1_ps(scale);
-  // `i < whole` rather than `i + 8 <= n`: GCC (-O3, inlined with a known bound) otherwise
-  // warns that a wrapped `i + 8` would be undefined behaviour.
-  const std::size_t whole = n - n % 8;
-  std::size_t i = 0;
-  for (; i < whole; i += 8) _mm256_storeu_ps(d + i, _mm256_mul_ps(bf16x8_to_f32x8(s + i), k));
-  for (; i < n; ++i) d[i] = bfloat16_bits_to_float(s[i]) * scale;
-}
-inline bool cpu_has_f16c() {
-  // F16C from cpuid: __builtin_cpu_supports("f16c") is GCC's, clang before 16 rejects it.
-  static const bool has = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0 &&
-           __builtin_cpu_supports("avx");
-  }();
-  return has;
-}
-#endif
-
-}  // namespace detail
 
 struct NoCompression {
   static constexpr DataType wire_dtype = DataType::float32;

@@ -11,6 +11,11 @@
 // the library. Other transports (InprocTransport, MpiTransport, NcclTransport, a user's own)
 // are instantiated in the user's files as before.
 //
+// Non-template code that is heavy to compile and cold at run time (the x86 vector kernels that
+// need <immintrin.h>, ...) lives in `detail/` headers. Header-only, the public headers include
+// them and their functions are `inline` (KOLO_IMPL_INLINE); with the compiled core, a user's file
+// sees only the declarations and src/lib/core_impl.cpp compiles the definitions once.
+//
 // KOLO_HEADER_ONLY forces header-only use even where KOLO_COMPILED_CORE is defined (a file that
 // wants its own inlined instantiation). docs/performance.md ("Compile time") has the figures.
 #pragma once
@@ -19,4 +24,12 @@
 #define KOLO_USE_COMPILED_CORE 1
 #else
 #define KOLO_USE_COMPILED_CORE 0
+#endif
+
+// `inline` on the functions of the detail/ implementation headers, header-only; nothing with the
+// compiled core, whose library defines them once.
+#if KOLO_USE_COMPILED_CORE
+#define KOLO_IMPL_INLINE
+#else
+#define KOLO_IMPL_INLINE inline
 #endif

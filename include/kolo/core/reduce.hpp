@@ -16,13 +16,9 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kolo/core/compiled_core.hpp"
 #include "kolo/core/dtype.hpp"
 #include "kolo/core/float16.hpp"
-
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
-#include <immintrin.h>
-#endif
 
 namespace kolo {
 
@@ -124,90 +120,41 @@ void reduce_native(T* dst, const T* a, const T* b, std::size_t n) noexcept {
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define KOLO_REDUCE_F16C 1
-// float16 with F16C: 8 lanes widened to fp32, reduced, rounded back (to nearest even). Compiled
-// for F16C+AVX whatever the build's -m flags and called only when the CPU has them (checked
-// once, at run time): portable builds then get the vector path too — the fp16-compressed
-// allreduce reduces float16 on every ring step, and the scalar conversion is ~5x slower.
-template <class Op>
-[[gnu::target("f16c,avx")]] std::size_t reduce_f16_f16c(float16* dst, const float16* a,
-                                                        const float16* b, std::size_t n) noexcept {
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 fa = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
-    const __m256 fb = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
-    __m256 r;
-    if constexpr (std::is_same_v<Op, OpSum>)
-      r = _mm256_add_ps(fa, fb);
-    else if constexpr (std::is_same_v<Op, OpProd>)
-      r = _mm256_mul_ps(fa, fb);
-    else if constexpr (std::is_same_v<Op, OpMin>)
-      r = _mm256_min_ps(fb, fa);
-    else
-      r = _mm256_max_ps(fb, fa);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
-  }
-  return i;
-}
-inline bool reduce_cpu_has_f16c() noexcept {
-#if defined(__F16C__) && defined(__AVX__)
-  return true;  // the build already requires it
-#else
-  // cpuid rather than __builtin_cpu_supports("f16c"), which clang before 16 rejects.
-  static const bool has = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0 &&
-           __builtin_cpu_supports("avx");
-  }();
-  return has;
-#endif
-}
+// The x86 vector kernels for the 16-bit floats, defined in detail/simd_x86.hpp (which needs
+// <immintrin.h>, kept out of the public path: see that file). float16 with F16C and bfloat16
+// with AVX2: 8 lanes widened to fp32, reduced, rounded back to nearest even. Compiled for their
+// instruction set whatever the build's -m flags and called only when the CPU has it: portable
+// builds then get the vector path too — the fp16-compressed allreduce reduces float16 on every
+// ring step, and the scalar conversion is ~5x slower. Each returns how many leading elements it
+// reduced (a multiple of 8); the caller does the rest.
+enum class SimdOp { sum, prod, min, max };
+KOLO_IMPL_INLINE bool cpu_has_f16c() noexcept;  // F16C and AVX
+KOLO_IMPL_INLINE bool cpu_has_avx2() noexcept;
+KOLO_IMPL_INLINE std::size_t reduce_f16_simd(SimdOp op, float16* dst, const float16* a,
+                                             const float16* b, std::size_t n) noexcept;
+KOLO_IMPL_INLINE std::size_t reduce_bf16_simd(SimdOp op, bfloat16* dst, const bfloat16* a,
+                                              const bfloat16* b, std::size_t n) noexcept;
+// The compressor's conversions (compression/compressor.hpp), all n elements times `scale`; call
+// them only when cpu_has_f16c() / cpu_has_avx2() says so.
+KOLO_IMPL_INLINE void f32_to_f16_f16c(const float* s, std::uint16_t* d, std::size_t n,
+                                      float scale) noexcept;
+KOLO_IMPL_INLINE void f16_to_f32_f16c(const std::uint16_t* s, float* d, std::size_t n,
+                                      float scale) noexcept;
+KOLO_IMPL_INLINE void f32_to_bf16_avx2(const float* s, std::uint16_t* d, std::size_t n,
+                                       float scale) noexcept;
+KOLO_IMPL_INLINE void bf16_to_f32_avx2(const std::uint16_t* s, float* d, std::size_t n,
+                                       float scale) noexcept;
 
-// bfloat16 with AVX2: widening is a 16-bit shift, narrowing rounds to nearest even on the
-// dropped 16 bits and keeps NaNs quiet — bit for bit detail::float_to_bfloat16_bits.
-[[gnu::target("avx2")]] inline __m256 bf16x8_to_f32x8(const std::uint16_t* p) noexcept {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-[[gnu::target("avx2")]] inline void f32x8_to_bf16x8(__m256 v, std::uint16_t* p) noexcept {
-  const __m256i x = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(x, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
-  const __m256i absx = _mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff));
-  const __m256i nan = _mm256_cmpgt_epi32(absx, _mm256_set1_epi32(0x7f800000));
-  const __m256i quiet = _mm256_or_si256(x, _mm256_set1_epi32(0x00400000));
-  const __m256i r = _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
-  const __m128i packed =
-      _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
-}
 template <class Op>
-[[gnu::target("avx2")]] std::size_t reduce_bf16_avx2(bfloat16* dst, const bfloat16* a,
-                                                     const bfloat16* b, std::size_t n) noexcept {
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 fa = bf16x8_to_f32x8(reinterpret_cast<const std::uint16_t*>(a + i));
-    const __m256 fb = bf16x8_to_f32x8(reinterpret_cast<const std::uint16_t*>(b + i));
-    __m256 r;
-    if constexpr (std::is_same_v<Op, OpSum>)
-      r = _mm256_add_ps(fa, fb);
-    else if constexpr (std::is_same_v<Op, OpProd>)
-      r = _mm256_mul_ps(fa, fb);
-    else if constexpr (std::is_same_v<Op, OpMin>)
-      r = _mm256_min_ps(fb, fa);
-    else
-      r = _mm256_max_ps(fb, fa);
-    f32x8_to_bf16x8(r, reinterpret_cast<std::uint16_t*>(dst + i));
-  }
-  return i;
-}
-inline bool cpu_has_avx2() noexcept {
-#if defined(__AVX2__)
-  return true;
-#else
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-#endif
+constexpr SimdOp simd_op() noexcept {
+  if constexpr (std::is_same_v<Op, OpSum>)
+    return SimdOp::sum;
+  else if constexpr (std::is_same_v<Op, OpProd>)
+    return SimdOp::prod;
+  else if constexpr (std::is_same_v<Op, OpMin>)
+    return SimdOp::min;
+  else
+    return SimdOp::max;
 }
 #endif
 
@@ -217,9 +164,9 @@ void reduce_half(H* dst, const H* a, const H* b, std::size_t n) noexcept {
   std::size_t i = 0;
 #ifdef KOLO_REDUCE_F16C
   if constexpr (std::is_same_v<H, float16>) {
-    if (reduce_cpu_has_f16c()) i = reduce_f16_f16c<Op>(dst, a, b, n);
+    if (cpu_has_f16c()) i = reduce_f16_simd(simd_op<Op>(), dst, a, b, n);
   } else if constexpr (std::is_same_v<H, bfloat16>) {
-    if (cpu_has_avx2()) i = reduce_bf16_avx2<Op>(dst, a, b, n);
+    if (cpu_has_avx2()) i = reduce_bf16_simd(simd_op<Op>(), dst, a, b, n);
   }
 #endif
   for (; i < n; ++i) {  // memcpy: operands may be misaligned (see reduce_native)
@@ -294,3 +241,9 @@ inline void finish_average(void* data, std::size_t count, DataType t, int diviso
 }
 
 }  // namespace kolo
+
+// Header-only: the vector kernels' definitions, inline. With the compiled core they are in the
+// library (src/lib/core_impl.cpp).
+#if defined(KOLO_REDUCE_F16C) && !KOLO_USE_COMPILED_CORE
+#include "kolo/core/detail/simd_x86.hpp"
+#endif

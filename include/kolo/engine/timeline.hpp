@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kolo/core/compiled_core.hpp"
 #include "kolo/core/dtype.hpp"
 #include "kolo/core/error.hpp"
 
@@ -37,14 +38,7 @@ class Timeline {
   Timeline& operator=(const Timeline&) = delete;
   ~Timeline() { close(); }
 
-  void open(const std::string& path, int rank) {
-    file_ = std::fopen(path.c_str(), "w");
-    if (!file_) throw ConfigError("KOLO_TIMELINE=" + path + " cannot be opened for writing");
-    rank_ = rank;
-    start_ = clock::now();
-    std::fputs("[\n", file_);
-    writer_ = std::thread([this] { run(); });
-  }
+  void open(const std::string& path, int rank);
 
   bool enabled() const { return file_ != nullptr; }
 
@@ -87,37 +81,9 @@ class Timeline {
 
   // Hands the staged events to the writer thread (woken only for large batches; otherwise its
   // 200 ms clock picks them up — fewer wake-ups, less CPU taken from the ranks).
-  void publish() {
-    if (!file_ || staging_.empty()) return;
-    bool wake = false;
-    {
-      std::lock_guard lock(mu_);
-      if (events_.empty()) {
-        events_.swap(staging_);
-      } else {
-        events_.insert(events_.end(), std::make_move_iterator(staging_.begin()),
-                       std::make_move_iterator(staging_.end()));
-        staging_.clear();
-      }
-      wake = events_.size() >= 8192;
-    }
-    if (wake) cv_.notify_one();
-  }
+  void publish();
 
-  void close() {
-    if (!file_) return;
-    publish();
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_one();
-    writer_.join();
-    std::fputs("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":", file_);
-    std::fprintf(file_, "%d,\"args\":{\"name\":\"kolo rank %d\"}}\n]\n", rank_, rank_);
-    std::fclose(file_);
-    file_ = nullptr;
-  }
+  void close();
 
  private:
   struct Event {
@@ -135,90 +101,17 @@ class Timeline {
     }
   };
 
-  void run() {
-    std::vector<Event> batch;
-    for (;;) {
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait_for(lock, std::chrono::milliseconds(200),
-                     [&] { return stop_ || !events_.empty(); });
-        batch.swap(events_);
-        if (batch.empty() && stop_) return;
-      }
-      for (const Event& e : batch) write(e);
-      batch.clear();
-      std::fflush(file_);
-    }
-  }
+  void run();
 
-  static std::string escape(const std::string& s) {
-    std::string out;
-    for (char c : s) {
-      if (c == '"' || c == '\\') out.push_back('\\');
-      if (static_cast<unsigned char>(c) < 0x20) continue;
-      out.push_back(c);
-    }
-    return out;
-  }
+  static std::string escape(const std::string& s);
 
   // Microseconds with three decimals from nanoseconds, without floating point or printf: the
   // writer formats every event of every tensor (5 per tensor per step), and on a machine with
   // fewer cores than ranks its CPU time is taken from the ranks.
-  static void append_us(std::string& out, std::int64_t ns) {
-    if (ns < 0) {
-      out.push_back('-');
-      ns = -ns;
-    }
-    char buf[24];
-    auto r = std::to_chars(buf, buf + sizeof(buf), ns / 1000);
-    out.append(buf, r.ptr);
-    const auto frac = static_cast<int>(ns % 1000);
-    out.push_back('.');
-    out.push_back(static_cast<char>('0' + frac / 100));
-    out.push_back(static_cast<char>('0' + frac / 10 % 10));
-    out.push_back(static_cast<char>('0' + frac % 10));
-  }
-  static void append_int(std::string& out, std::uint64_t v) {
-    char buf[24];
-    auto r = std::to_chars(buf, buf + sizeof(buf), v);
-    out.append(buf, r.ptr);
-  }
+  static void append_us(std::string& out, std::int64_t ns);
+  static void append_int(std::string& out, std::uint64_t v);
 
-  void write(const Event& e) {
-    if (!e.phase) {  // a new track: name it, and keep its line prefix
-      const int tid = e.track;
-      const std::string name = escape(e.name);
-      std::fprintf(file_,
-                   "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
-                   "\"args\":{\"name\":\"%s\"}},\n",
-                   rank_, tid, name.c_str());
-      if (tracks_.size() <= static_cast<std::size_t>(tid)) {
-        tracks_.resize(static_cast<std::size_t>(tid) + 1);
-      }
-      // {"pid":R,"tid":T,"args":{"tensor":"NAME","dtype":"   (up to the dtype)
-      tracks_[static_cast<std::size_t>(tid)] =
-          "\"pid\":" + std::to_string(rank_) + ",\"tid\":" + std::to_string(tid) +
-          ",\"args\":{\"tensor\":\"" + name + "\",\"dtype\":\"";
-      return;
-    }
-    const auto ns = [&](clock::time_point t) {
-      return std::chrono::duration_cast<std::chrono::nanoseconds>(t - start_).count();
-    };
-    line_.clear();
-    line_ += "{\"name\":\"";
-    line_ += e.phase;
-    line_ += "\",\"ph\":\"X\",\"ts\":";
-    append_us(line_, ns(e.begin));
-    line_ += ",\"dur\":";
-    append_us(line_, ns(e.end) - ns(e.begin));
-    line_ += ',';
-    line_ += tracks_[static_cast<std::size_t>(e.track)];
-    line_ += dtype_name(e.dtype);
-    line_ += "\",\"bytes\":";
-    append_int(line_, e.bytes);
-    line_ += "}},\n";
-    std::fwrite(line_.data(), 1, line_.size(), file_);
-  }
+  void write(const Event& e);
 
   std::FILE* file_ = nullptr;
   int rank_ = 0;
@@ -235,3 +128,9 @@ class Timeline {
 };
 
 }  // namespace kolo
+
+// Header-only: the writer's definitions, inline (compiled core: in the library,
+// src/lib/core_impl.cpp).
+#if !KOLO_USE_COMPILED_CORE
+#include "kolo/engine/detail/timeline_impl.hpp"
+#endif

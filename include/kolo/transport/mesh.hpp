@@ -36,13 +36,13 @@
 #include <thread>
 #include <vector>
 
+#include "kolo/core/compiled_core.hpp"
 #include "kolo/core/config.hpp"
 #include "kolo/core/deadline.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/core/signature.hpp"
 #include "kolo/topology/bootstrap.hpp"
-#include "kolo/transport/mesh/connect.hpp"
 #include "kolo/transport/mesh/frame_codec.hpp"
 #include "kolo/transport/mesh/poll_loop.hpp"
 #include "kolo/transport/mesh/shm_channel.hpp"
@@ -249,51 +249,13 @@ class MeshTransport {
 
   // ---------------- setup ----------------
 
-  void setup(Bootstrap& boot) {
-    // The wait policy (mesh/poll_loop.hpp). Spinning pays only while every rank of this host has
-    // its own core; otherwise a spinning rank holds the core its peer needs to produce the data,
-    // so it hands the core on at every check.
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    const bool crowded = static_cast<unsigned>(boot.topology().local_size) > cores;
-    detail::WaitPolicy wait;
-    wait.fixed_us = opts_.spin_us;
-    wait.min_us = opts_.spin_min_us >= 0 ? opts_.spin_min_us : (crowded ? 20.0 : 50.0);
-    wait.max_us = opts_.spin_max_us;
-    wait.yield_every = opts_.yield_every > 0 ? opts_.yield_every : (crowded ? 1 : 1024);
-    wait.spread = opts_.spread && !crowded;
-    loop_.set_policy(wait);
-    detail::MeshLinks links = detail::connect_mesh(
-        boot, mode_, detail::ShmGeometry{opts_.shm_slots, opts_.shm_slot_bytes},
-        opts_.tcp_frame_bytes);
-    for (std::size_t p = 0; p < peers_.size(); ++p) {
-      detail::PeerLink& link = links.peers[p];
-      peers_[p].route = link.route;
-      peers_[p].pid = link.pid;
-      peers_[p].shm = std::move(link.shm);
-      peers_[p].tcp = std::move(link.tcp);
-    }
-    own_ = std::move(links.own);
-    local_ranks_ = links.local_ranks;
-    if (size_ > 1) {
-      store_ = boot.shared_store();
-      progress_key_ = boot.prefix() + "progress/";
-    }
-  }
+  void setup(Bootstrap& boot);
 
   // After an abort, let each TCP peer read our ABORT before our close can reset the connection
   // (detail::drain_before_close), in the background (detail::BackgroundDrains): the sockets are
   // duplicated, so closing ours here does not close the connection, and the error that led here
   // is not delayed by the drain's second.
-  void drain_tcp_before_close() noexcept {
-    std::vector<int> fds;
-    for (const Peer& p : peers_) {
-      if (p.route == Route::tcp && p.tcp.valid() && !p.tcp.closed()) {
-        const int d = ::fcntl(p.tcp.fd(), F_DUPFD_CLOEXEC, 0);
-        if (d >= 0) fds.push_back(d);
-      }
-    }
-    detail::BackgroundDrains::start(std::move(fds));
-  }
+  void drain_tcp_before_close() noexcept;
 
   // ---------------- op bookkeeping ----------------
 
@@ -530,104 +492,13 @@ class MeshTransport {
     return b == std::string::npos ? e : e.substr(b + 1);
   }
 
-  void still_waiting() {
-    if (!store_) return;
-    const Signature* s = waiting_sig();
-    if (s == nullptr) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (!watching_ || *s != watch_sig_) {
-      watching_ = true;
-      watch_sig_ = *s;
-      watch_since_ = now;
-      watch_posted_ = false;
-      return;
-    }
-    const double report_after = std::min(1.0, timeout_ / 4);
-    if (!watch_posted_) {
-      if (std::chrono::duration<double>(now - watch_since_).count() < report_after) return;
-      watch_posted_ = true;
-      last_check_ = now;
-      try {
-        store_->set(progress_key_ + std::to_string(rank_), progress_entry(*s));
-      } catch (...) {
-        // best effort: the diagnosis is a hint, never a new failure
-      }
-      return;
-    }
-    // While the wait goes on, look at the peers' entries now and then (4 times a second): one
-    // in this same call with other arguments is a mismatch whose messages never met (the ranks
-    // chose different algorithms for their different sizes), found now instead of at the
-    // deadline.
-    if (now - last_check_ < std::chrono::milliseconds(250)) return;
-    last_check_ = now;
-    check_peer_calls(*s);
-  }
+  void still_waiting();
 
   // Throws (through fail) a MismatchError when a peer's entry is this call with other arguments.
-  void check_peer_calls(const Signature& s) {
-    if (!store_) return;
-    const std::string mine = progress_entry(s);
-    const std::string call = mine.substr(0, mine.find(':', mine.find(':') + 1) + 1);
-    int other = -1;
-    std::string theirs;
-    try {
-      for (int p = 0; p < size_ && other < 0; ++p) {
-        if (p == rank_) continue;
-        const auto v = store_->try_get(progress_key_ + std::to_string(p));
-        if (v && *v != mine && v->rfind(call, 0) == 0) {
-          other = p;
-          theirs = entry_words(*v);
-        }
-      }
-    } catch (...) {
-      return;
-    }
-    if (other < 0) return;
-    try {
-      throw MismatchError("collective mismatch: rank " + std::to_string(other) + " called " +
-                          theirs + " but rank " + std::to_string(rank_) + " called " +
-                          s.describe() +
-                          " (found while both waited: their messages never met, as happens "
-                          "when different sizes make the ranks choose different algorithms)");
-    } catch (const Error& e) {
-      fail(e);
-    }
-  }
+  void check_peer_calls(const Signature& s);
 
   // "; rank 2 never reached it (...)" or "" when every peer is in it or nothing is known.
-  std::string missing_ranks() const {
-    if (!store_) return "";
-    const Signature* s = waiting_sig();
-    if (s == nullptr) return "";
-    const std::string mine = progress_entry(*s);
-    std::vector<int> absent;
-    std::string last;
-    try {
-      for (int p = 0; p < size_; ++p) {
-        if (p == rank_) continue;
-        const auto v = store_->try_get(progress_key_ + std::to_string(p));
-        if (v && *v == mine) continue;
-        absent.push_back(p);
-        if (absent.size() <= 4) {
-          last += std::string(last.empty() ? "" : "; ") + "rank " + std::to_string(p) +
-                  (v ? " was last seen waiting in " + entry_words(*v)
-                     : " was not seen waiting in any operation");
-        }
-      }
-    } catch (...) {
-      return "";
-    }
-    if (absent.empty()) return "";
-    std::string who;
-    for (std::size_t i = 0; i < absent.size() && i < 8; ++i) {
-      who += std::string(i == 0 ? "" : ", ") + std::to_string(absent[i]);
-    }
-    if (absent.size() > 8) who += " and " + std::to_string(absent.size() - 8) + " more";
-    return std::string(absent.size() == 1 ? "; rank " : "; ranks ") + who + " never reached " +
-           s->describe() + " (" + last +
-           "): a rank skipped this call, or is stuck in other work (compute, I/O, a deadlock in "
-           "the program)";
-  }
+  std::string missing_ranks() const;
 
   [[noreturn]] void timed_out() {
     if (const Signature* s = waiting_sig()) check_peer_calls(*s);  // a mismatch, if it is one
@@ -638,24 +509,7 @@ class MeshTransport {
     }
   }
 
-  std::string timeout_message() const {
-    std::string waiting;
-    std::string what;
-    for (int p = 0; p < size_; ++p) {
-      const Peer& peer = peers_[static_cast<std::size_t>(p)];
-      if (peer.sendq.empty() && peer.recvq.empty()) continue;
-      if (what.empty()) {
-        what = pool_[peer.recvq.empty() ? peer.sendq.front() : peer.recvq.front()].sig.describe();
-      }
-      waiting += (waiting.empty() ? "" : ", ") + peer_desc(p);
-    }
-    char to[32];
-    std::snprintf(to, sizeof(to), "%g", timeout_);
-    const std::string missing = missing_ranks();
-    return "rank " + std::to_string(rank_) + " timed out in " + (what.empty() ? "a wait" : what) +
-           " after " + to + " s waiting for " + (waiting.empty() ? "nothing" : waiting) +
-           (missing.empty() ? " (raise KOLO_TIMEOUT_SECONDS if the job is just slow)" : missing);
-  }
+  std::string timeout_message() const;
 
   int rank_;
   int size_;
@@ -689,3 +543,9 @@ class MeshTransport {
 static_assert(check_transport<MeshTransport>());
 
 }  // namespace kolo
+
+// Header-only: the cold definitions (setup, the timeout's diagnosis), inline (compiled core: in
+// the library, src/lib/core_impl.cpp).
+#if !KOLO_USE_COMPILED_CORE
+#include "kolo/transport/detail/mesh_impl.hpp"
+#endif
