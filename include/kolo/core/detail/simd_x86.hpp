@@ -130,6 +130,22 @@ template <SimdOp Op>
   for (; i < n; ++i) d[i] = bfloat16_bits_to_float(s[i]) * scale;
 }
 
+// Calls f.template operator()<op>() with `op` as a template argument: one kernel per operation.
+template <class F>
+std::size_t with_simd_op(SimdOp op, F&& f) noexcept {
+  switch (op) {
+    case SimdOp::sum:
+      return f.template operator()<SimdOp::sum>();
+    case SimdOp::prod:
+      return f.template operator()<SimdOp::prod>();
+    case SimdOp::min:
+      return f.template operator()<SimdOp::min>();
+    case SimdOp::max:
+      return f.template operator()<SimdOp::max>();
+  }
+  return 0;
+}
+
 }  // namespace simd
 
 KOLO_IMPL_INLINE bool cpu_has_f16c() noexcept {
@@ -157,32 +173,12 @@ KOLO_IMPL_INLINE bool cpu_has_avx2() noexcept {
 
 KOLO_IMPL_INLINE std::size_t reduce_f16_simd(SimdOp op, float16* dst, const float16* a,
                                              const float16* b, std::size_t n) noexcept {
-  switch (op) {
-    case SimdOp::sum:
-      return simd::reduce_f16<SimdOp::sum>(dst, a, b, n);
-    case SimdOp::prod:
-      return simd::reduce_f16<SimdOp::prod>(dst, a, b, n);
-    case SimdOp::min:
-      return simd::reduce_f16<SimdOp::min>(dst, a, b, n);
-    case SimdOp::max:
-      return simd::reduce_f16<SimdOp::max>(dst, a, b, n);
-  }
-  return 0;
+  return simd::with_simd_op(op, [&]<SimdOp O>() { return simd::reduce_f16<O>(dst, a, b, n); });
 }
 
 KOLO_IMPL_INLINE std::size_t reduce_bf16_simd(SimdOp op, bfloat16* dst, const bfloat16* a,
                                               const bfloat16* b, std::size_t n) noexcept {
-  switch (op) {
-    case SimdOp::sum:
-      return simd::reduce_bf16<SimdOp::sum>(dst, a, b, n);
-    case SimdOp::prod:
-      return simd::reduce_bf16<SimdOp::prod>(dst, a, b, n);
-    case SimdOp::min:
-      return simd::reduce_bf16<SimdOp::min>(dst, a, b, n);
-    case SimdOp::max:
-      return simd::reduce_bf16<SimdOp::max>(dst, a, b, n);
-  }
-  return 0;
+  return simd::with_simd_op(op, [&]<SimdOp O>() { return simd::reduce_bf16<O>(dst, a, b, n); });
 }
 
 KOLO_IMPL_INLINE void f32_to_f16_f16c(const float* s, std::uint16_t* d, std::size_t n,
