@@ -26,6 +26,20 @@ namespace kolo::detail {
 
 namespace simd {
 
+// One operation on 8 fp32 lanes; min and max take `b` first, so a NaN in `a` is kept as the
+// scalar path keeps it.
+template <SimdOp Op>
+[[gnu::target("avx")]] inline __m256 apply_ps(__m256 a, __m256 b) noexcept {
+  if constexpr (Op == SimdOp::sum)
+    return _mm256_add_ps(a, b);
+  else if constexpr (Op == SimdOp::prod)
+    return _mm256_mul_ps(a, b);
+  else if constexpr (Op == SimdOp::min)
+    return _mm256_min_ps(b, a);
+  else
+    return _mm256_max_ps(b, a);
+}
+
 // float16 with F16C: 8 lanes widened to fp32, reduced, rounded back (to nearest even).
 template <SimdOp Op>
 [[gnu::target("f16c,avx")]] std::size_t reduce_f16(float16* dst, const float16* a, const float16* b,
@@ -34,15 +48,7 @@ template <SimdOp Op>
   for (; i + 8 <= n; i += 8) {
     const __m256 fa = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
     const __m256 fb = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
-    __m256 r;
-    if constexpr (Op == SimdOp::sum)
-      r = _mm256_add_ps(fa, fb);
-    else if constexpr (Op == SimdOp::prod)
-      r = _mm256_mul_ps(fa, fb);
-    else if constexpr (Op == SimdOp::min)
-      r = _mm256_min_ps(fb, fa);
-    else
-      r = _mm256_max_ps(fb, fa);
+    const __m256 r = apply_ps<Op>(fa, fb);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
                      _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
   }
@@ -74,15 +80,7 @@ template <SimdOp Op>
   for (; i + 8 <= n; i += 8) {
     const __m256 fa = bf16x8_to_f32x8(reinterpret_cast<const std::uint16_t*>(a + i));
     const __m256 fb = bf16x8_to_f32x8(reinterpret_cast<const std::uint16_t*>(b + i));
-    __m256 r;
-    if constexpr (Op == SimdOp::sum)
-      r = _mm256_add_ps(fa, fb);
-    else if constexpr (Op == SimdOp::prod)
-      r = _mm256_mul_ps(fa, fb);
-    else if constexpr (Op == SimdOp::min)
-      r = _mm256_min_ps(fb, fa);
-    else
-      r = _mm256_max_ps(fb, fa);
+    const __m256 r = apply_ps<Op>(fa, fb);
     f32x8_to_bf16x8(r, reinterpret_cast<std::uint16_t*>(dst + i));
   }
   return i;
