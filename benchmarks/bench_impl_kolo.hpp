@@ -5,9 +5,10 @@
 // bench_impl_kolo_mpi.cpp, built only with MPI).
 //
 // `--algo` forces the Selector's choice for allreduce and broadcast (every rank makes the same
-// call, as Communicator::selector() requires); `--compression fp16|bf16` runs the engine's
-// compressed path for one tensor: compress into a 16-bit wire buffer, allreduce that, decompress
-// (with an average's 1/n) into the output — the library's own Compressor kernels, all timed.
+// call, as Communicator::selector() requires); `--compression fp16|bf16` runs
+// Communicator::allreduce_compressed, the engine's path for one tensor: float32 in and out,
+// 16-bit messages (converted segment by segment where the ring runs; otherwise compress,
+// allreduce the 16-bit copy, decompress), all timed.
 #pragma once
 
 #include <cstring>
@@ -66,8 +67,8 @@ class KoloImpl final : public Impl {
         "algorithm: --algo " + cfg_.algo + "; per collective and size by the Selector: " +
             comm_.selector().describe() + "; segment " + std::to_string(co.segment_bytes) + " B",
         "compression: " + std::string(compression_.name) +
-            (compression_.enabled() ? " (compress -> allreduce on the 16-bit wire -> "
-                                      "decompress, timed; tolerance 2^-10 fp16, 2^-7 bf16 relative)"
+            (compression_.enabled() ? " (Communicator::allreduce_compressed: float32 in and out, "
+                                      "16-bit messages; tolerance 2^-10 fp16, 2^-7 bf16 relative)"
                                     : ""),
     };
   }
@@ -153,16 +154,10 @@ class KoloImpl final : public Impl {
  private:
   BoundOp bind_compressed(const OpSpec& s, void* in, void* out) {
     const CompressionPolicy pol = compression_;
-    std::shared_ptr<std::byte[]> wire(new std::byte[s.count * dtype_size(pol.wire)]);
-    const float post = s.op == ReduceOp::average ? 1.0f / static_cast<float>(size()) : 1.0f;
     Communicator<T>* c = &comm_;
-    const std::size_t count = s.count;
-    return {[=] {
-              pol.compress(static_cast<const float*>(in), wire.get(), count, 1.0f);
-              c->allreduce(TensorView(wire.get(), count, pol.wire), ReduceOp::sum);
-              pol.decompress(wire.get(), static_cast<float*>(out), count, post);
-            },
-            out};
+    const TensorView vin(in, s.count, DataType::float32), vout(out, s.count, DataType::float32);
+    const ReduceOp op = s.op;
+    return {[=] { c->allreduce_compressed(vin, vout, op, pol); }, out};
   }
 
   Communicator<T> comm_;

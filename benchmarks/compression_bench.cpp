@@ -217,7 +217,9 @@ void time_engine(const Opts& o, Series& s, const char* compression, std::size_t 
   s.seconds.insert(s.seconds.end(), t.begin(), t.end());
 }
 
-void time_raw(const Opts& o, Series& s, kolo::DataType dtype, std::size_t n) {
+// `wire`: float32 through Communicator::allreduce_compressed (converted on the wire).
+void time_raw(const Opts& o, Series& s, kolo::DataType dtype, std::size_t n,
+              const kolo::CompressionPolicy* wire = nullptr) {
   auto comm = kolo::Communicator<>::from_env();
   std::vector<std::byte> buf(n * kolo::dtype_size(dtype));
   std::vector<double> t;
@@ -233,7 +235,12 @@ void time_raw(const Opts& o, Series& s, kolo::DataType dtype, std::size_t n) {
     }
     comm.barrier();
     const auto t0 = clock_type::now();
-    comm.allreduce(kolo::TensorView(buf.data(), n, dtype), kolo::ReduceOp::sum);
+    if (wire) {
+      comm.allreduce_compressed(kolo::TensorView(buf.data(), n, dtype),
+                                kolo::TensorView(buf.data(), n, dtype), kolo::ReduceOp::sum, *wire);
+    } else {
+      comm.allreduce(kolo::TensorView(buf.data(), n, dtype), kolo::ReduceOp::sum);
+    }
     if (k >= 0) t.push_back(seconds_since(t0));
   }
   comm.allreduce(kolo::TensorView(std::span<double>(t)), kolo::ReduceOp::max);
@@ -242,11 +249,10 @@ void time_raw(const Opts& o, Series& s, kolo::DataType dtype, std::size_t n) {
 
 int run_allreduce(const Opts& o) {
   const std::size_t n = static_cast<std::size_t>(o.mib * (1 << 20)) / 4;
-  std::vector<Series> rows = {{"engine none", {}, 0},
-                              {"engine fp16", {}, 0},
-                              {"engine bf16", {}, 0},
-                              {"communicator float32", {}, 0},
-                              {"communicator float16", {}, 0}};
+  std::vector<Series> rows = {
+      {"engine none", {}, 0},          {"engine fp16", {}, 0},
+      {"engine bf16", {}, 0},          {"communicator float32", {}, 0},
+      {"communicator float16", {}, 0}, {"communicator fp32, fp16 wire", {}, 0}};
   // Interleaved repetitions: on a shared machine the load drifts, and each configuration should
   // see the same mix of it. With KOLO_TIMELINE set, the file shows the last engine's phases
   // (each engine rewrites it): fp16 runs last.
@@ -254,6 +260,8 @@ int run_allreduce(const Opts& o) {
     if (o.raw) {
       time_raw(o, rows[3], kolo::DataType::float32, n);
       time_raw(o, rows[4], kolo::DataType::float16, n);
+      const auto fp16 = kolo::CompressionPolicy::parse("fp16");
+      time_raw(o, rows[5], kolo::DataType::float32, n, &fp16);
     }
     time_engine(o, rows[0], "none", n);
     time_engine(o, rows[2], "bf16", n);
@@ -270,10 +278,10 @@ int run_allreduce(const Opts& o) {
         "%zu tensor(s), average; %d interleaved repetitions x %d iterations; load average %s",
         comm_info.size, transport ? transport : "routed (default)", n, o.mib, o.tensors, o.reps,
         o.iters > 0 ? o.iters : 5, load_average().c_str());
-    std::printf("# %-22s %12s %10s %16s %8s\n", "what", "median(ms)", "min(ms)", "algbw(GB/s,med)",
+    std::printf("# %-29s %12s %10s %16s %8s\n", "what", "median(ms)", "min(ms)", "algbw(GB/s,med)",
                 "#wrong");
     for (const auto& r : rows) {
-      std::printf("  %-22s %12.2f %10.2f %16.2f %8zu\n", r.name.c_str(), median(r.seconds) * 1e3,
+      std::printf("  %-29s %12.2f %10.2f %16.2f %8zu\n", r.name.c_str(), median(r.seconds) * 1e3,
                   *std::min_element(r.seconds.begin(), r.seconds.end()) * 1e3,
                   static_cast<double>(n) * 4 / median(r.seconds) / 1e9, r.wrong);
     }

@@ -37,9 +37,11 @@
 #include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/options.hpp"
 #include "kolo/algorithm/registry.hpp"
+#include "kolo/algorithm/ring_allreduce_wire.hpp"
 #include "kolo/algorithm/rooted.hpp"
 #include "kolo/algorithm/selector.hpp"
 #include "kolo/algorithm/tuning_probe.hpp"
+#include "kolo/compression/compressor.hpp"
 #include "kolo/core/compiled_core.hpp"
 #include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
@@ -179,6 +181,22 @@ class Communicator {
   template <ContiguousBuffer R>
   void allreduce(R&& inout, ReduceOp op = ReduceOp::sum) {
     allreduce(buffer_view(inout), op);
+  }
+
+  // Float32 allreduce (sum or average) whose messages carry `wire`'s 16-bit type (float16 or
+  // bfloat16): half the bytes cross the transport. Where the Selector runs the ring, the values
+  // are converted segment by segment as they are sent and received (no pass over the tensor of
+  // its own); otherwise the tensor is compressed, allreduced on the wire type and decompressed.
+  // Every rank gets the same values: the result rounded to the wire type. Every rank must pass
+  // the same compression.
+  void allreduce_compressed(TensorView in, TensorView out, ReduceOp op,
+                            const CompressionPolicy& wire);
+  // Whether allreduce_compressed of `count` elements converts on the wire (the ring, or one
+  // rank's round trip) on this communicator; false: it takes the compress / allreduce /
+  // decompress passes.
+  bool compresses_on_wire(std::size_t count, const CompressionPolicy& wire) const {
+    return size() == 1 || selector_.select<AllreduceAlgorithm>(count * dtype_size(wire.wire)) ==
+                              AllreduceAlgorithm::ring;
   }
 
   // ---- allgather / allgatherv ----
@@ -366,6 +384,7 @@ class Communicator {
   CommunicatorOptions opts_;
   std::uint64_t seq_ = 0;
   std::vector<std::byte> scratch_;
+  std::vector<std::byte> wire_buffer_;       // allreduce_compressed off the ring: the 16-bit copy
   std::vector<std::byte> reduce_scratch_;    // a non-root's discarded result of a large reduce
   std::vector<std::uint64_t> p2p_sent_;      // per peer: sends posted (signature sequence)
   std::vector<std::uint64_t> p2p_received_;  // per peer: receives posted
@@ -443,6 +462,50 @@ void Communicator<T>::allreduce(TensorView in, TensorView out, ReduceOp op) {
       if (transport_->native_allreduce(in.data, out.data, in.count, in.dtype, op, opt)) return;
     }
     run_allreduce(in.data, out.data, in.count, in.dtype, op, opt);
+  });
+}
+
+template <class T>
+void Communicator<T>::allreduce_compressed(TensorView in, TensorView out, ReduceOp op,
+                                           const CompressionPolicy& wire) {
+  const std::uint64_t wire_code = 0x100u + static_cast<std::uint64_t>(wire.wire);
+  run(Collective::allreduce, in.dtype, op, in.count, -1, wire_code, [&](const AlgoOptions& opt) {
+    check_cpu(in, "allreduce_compressed input");
+    check_cpu(out, "allreduce_compressed output");
+    same_type(in, out, "allreduce_compressed");
+    if (in.dtype != DataType::float32) {
+      throw ConfigError("allreduce_compressed: the tensor is " + std::string(dtype_name(in.dtype)) +
+                        "; compression takes float32");
+    }
+    if (op != ReduceOp::sum && op != ReduceOp::average) {
+      throw ConfigError("allreduce_compressed: op " + std::string(reduce_op_name(op)) +
+                        " (compression supports sum and average)");
+    }
+    if (!wire.enabled() || dtype_size(wire.wire) != 2) {
+      throw ConfigError("allreduce_compressed: compression '" + std::string(wire.name) +
+                        "' has no 16-bit wire type");
+    }
+    if (in.count != out.count) {
+      throw ConfigError("allreduce_compressed: input has " + std::to_string(in.count) +
+                        " elements but output has " + std::to_string(out.count));
+    }
+    check_overlap("allreduce_compressed", in, out, in.data);
+    const auto* src = static_cast<const float*>(in.data);
+    auto* dst = static_cast<float*>(out.data);
+    if (compresses_on_wire(in.count, wire)) {
+      allreduce_ring_wire(*transport_, src, dst, in.count, wire, op == ReduceOp::average, opt,
+                          scratch_);
+      last_allreduce_ = AllreduceAlgorithm::ring;
+      return;
+    }
+    wire_buffer_.resize(in.count * dtype_size(wire.wire));
+    wire.compress(src, wire_buffer_.data(), in.count, 1.0f);
+    // Summed on the wire type; an average divides in float32 while decompressing (dividing
+    // the 16-bit sum would round once more).
+    run_allreduce(wire_buffer_.data(), wire_buffer_.data(), in.count, wire.wire, ReduceOp::sum,
+                  opt);
+    const float post = op == ReduceOp::average ? 1.0f / static_cast<float>(size()) : 1.0f;
+    wire.decompress(wire_buffer_.data(), dst, in.count, post);
   });
 }
 

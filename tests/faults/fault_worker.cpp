@@ -222,10 +222,13 @@ int bad_argument(const std::string& what) {
   return no_error(what + " completed");
 }
 
-// (b) All ranks loop large allreduces; `victim` SIGKILLs itself `after_ms` in.
-int kill_mid_allreduce(int victim, int after_ms, std::size_t elems) {
+// (b) All ranks loop large allreduces; `victim` SIGKILLs itself `after_ms` in. `wire`: float32
+// through allreduce_compressed on the ring (fp16 messages, converted segment by segment).
+int kill_mid_allreduce(int victim, int after_ms, std::size_t elems, bool wire) {
   auto c = connect();
   const int n = c->size();
+  const auto fp16 = kolo::CompressionPolicy::parse("fp16");
+  if (wire) c->selector().force_allreduce(kolo::AllreduceAlgorithm::ring);
   std::vector<float> buf(elems);
   c->barrier();  // everyone is in the loop when the clock starts
   t0 = WallClock::now();
@@ -241,7 +244,12 @@ int kill_mid_allreduce(int victim, int after_ms, std::size_t elems) {
   while (since_t0() < 30) {
     std::fill(buf.begin(), buf.end(), static_cast<float>(c->rank() + 1));
     try {
-      c->allreduce(std::span<float>(buf));
+      if (wire) {
+        c->allreduce_compressed(kolo::TensorView(std::span<float>(buf)),
+                                kolo::TensorView(std::span<float>(buf)), kolo::ReduceOp::sum, fp16);
+      } else {
+        c->allreduce(std::span<float>(buf));
+      }
     } catch (const kolo::Error& e) {
       const int code = report(e);
       // Survivors notice the death within a millisecond, so without a pause kolo-run may reap
@@ -529,7 +537,8 @@ int run(int argc, char** argv) {
   if (mode == "null-buffer" || mode == "bad-root") return bad_argument(mode);
   if (mode == "kill") {
     return kill_mid_allreduce(static_cast<int>(arg(2, 2)), static_cast<int>(arg(3, 300)),
-                              static_cast<std::size_t>(arg(4, 1 << 20)));
+                              static_cast<std::size_t>(arg(4, 1 << 20)),
+                              argc > 5 && std::string(argv[5]) == "wire");
   }
   if (mode == "skip") return skip(argc > 2 ? std::atof(argv[2]) : 3.0);
   if (mode == "setup") return setup();

@@ -144,16 +144,20 @@ TEST_CASE("invalid argument on one rank reaches all") {
 
 // (b) A rank SIGKILLed mid-allreduce: the survivors get PeerLostError within seconds, far
 // below KOLO_TIMEOUT_SECONDS, and kolo-run passes on the killed rank's 128+9.
-TEST_CASE("rank killed mid-allreduce") {
+// The same for float32 on an fp16 wire (allreduce_compressed, the ring converting segment by
+// segment): 3 ranks, each transport.
+void killed_mid_allreduce(const std::vector<int>& nps, bool wire) {
   for (const char* transport : kTransports) {
-    for (int np : {3, 4}) {
+    for (int np : nps) {
       CAPTURE(transport);
       CAPTURE(np);
+      CAPTURE(wire);
       const int victim = 2;
-      const JobResult r =
-          kolo_run(np, {"kill", std::to_string(victim), "300", "1048576"},
-                   {std::string("KOLO_TRANSPORT=") + transport, "KOLO_TIMEOUT_SECONDS=60"},
-                   /*limit=*/45, /*grace=*/20);
+      std::vector<std::string> args = {"kill", std::to_string(victim), "300", "1048576"};
+      if (wire) args.push_back("wire");
+      const JobResult r = kolo_run(
+          np, args, {std::string("KOLO_TRANSPORT=") + transport, "KOLO_TIMEOUT_SECONDS=60"},
+          /*limit=*/45, /*grace=*/20);
       INFO("kolo-run output:\n" << r.out);
       REQUIRE(r.finished);
       CHECK(r.code == 137);
@@ -173,6 +177,13 @@ TEST_CASE("rank killed mid-allreduce") {
       }
     }
   }
+}
+
+TEST_CASE("rank killed mid-allreduce") {
+  killed_mid_allreduce({3, 4}, false);
+}
+TEST_CASE("rank killed mid-allreduce on an fp16 wire") {
+  killed_mid_allreduce({3}, true);
 }
 
 // ---------------------------------------------------------------- hand-launched ranks

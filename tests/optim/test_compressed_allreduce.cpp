@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -125,4 +127,135 @@ TEST_CASE("compressed allreduce: fp16 overflows to Inf; a predivide factor keeps
       .allreduce_async("predivided", TensorView(std::span<float>(b)), ReduceOp::average, 1.0 / f, f)
       .wait();
   for (float x : b) CHECK(x == doctest::Approx(40000.0).epsilon(n * 0x1p-11));
+}
+
+// Communicator::allreduce_compressed, both of its paths: the ring converting on the wire
+// (forced, so every size takes it) and the compress / allreduce / decompress passes (the
+// Selector forced to another algorithm). Small segments cut the blocks into many messages.
+TEST_CASE("allreduce_compressed: exact where the wire is exact, bounded otherwise, same bits") {
+  auto co = kolo::CommunicatorOptions::from_env();
+  co.segment_bytes = 512;  // 256 16-bit elements per message: blocks of many segments
+  kolo::Communicator<> comm(kolo::Topology::from_env(), co);
+  const int n = comm.size(), me = comm.rank();
+  const std::size_t counts[] = {0, 1, 2, 3, 5, 255, 256, 257, 1000, 4099, 70001};
+  const kolo::AllreduceAlgorithm algos[] = {kolo::AllreduceAlgorithm::ring,
+                                            kolo::AllreduceAlgorithm::recursive_doubling};
+  const Wire wires[] = {{"fp16", 0x1p-11, 0x1p-25}, {"bf16", 0x1p-8, 0x1p-134}};
+  for (const Wire& w : wires) {
+    const CompressionPolicy c = CompressionPolicy::parse(w.name);
+    // Wire roundings of partial sums, plus float32 additions (2^-24 each), n of each at most.
+    const double u = w.u + 0x1p-24;
+    const double gamma = n * u / (1 - n * u);
+    for (const auto algo : algos) {
+      comm.selector().force_allreduce(algo);
+      double worst = 0;  // largest error / bound seen on this path
+      CHECK(comm.compresses_on_wire(1000, c) == (n == 1 || algo == kolo::AllreduceAlgorithm::ring));
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+        for (bool in_place : {false, true}) {
+          for (std::size_t count : counts) {
+            const std::string wire_name = w.name;
+            CAPTURE(wire_name);
+            CAPTURE(static_cast<int>(algo));
+            CAPTURE(static_cast<int>(op));
+            CAPTURE(in_place);
+            CAPTURE(count);
+            // Exact: small integers, every partial sum and the average representable.
+            std::vector<float> a(count), out(count, -7.0f);
+            for (std::size_t i = 0; i < count; ++i) {
+              a[i] = static_cast<float>((me + 1) * static_cast<int>(i % 13)) * n;
+            }
+            float* dst = in_place ? a.data() : out.data();
+            comm.allreduce_compressed(TensorView(std::span<float>(a)),
+                                      TensorView(dst, count, kolo::DataType::float32), op, c);
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < count; ++i) {
+              const double s = static_cast<double>(n) * (n * (n + 1) / 2) * (i % 13);
+              const double want = op == ReduceOp::average ? s / n : s;
+              if (dst[i] != want && wrong++ < 3)
+                FAIL_CHECK("[" << i << "] " << dst[i] << " != " << want);
+            }
+            CHECK(wrong == 0);
+            // Rounded: mixed magnitudes, within the bound, and the same bits on every rank.
+            auto x = input(me, count, count);
+            std::vector<float> got(count, -7.0f);
+            float* d = in_place ? x.data() : got.data();
+            comm.allreduce_compressed(TensorView(std::span<float>(x)),
+                                      TensorView(d, count, kolo::DataType::float32), op, c);
+            const double post = op == ReduceOp::average ? 1.0 / n : 1.0;
+            std::vector<double> exact(count, 0.0), abs_sum(count, 0.0);
+            for (int r = 0; r < n; ++r) {
+              const auto xr = input(r, count, count);
+              for (std::size_t i = 0; i < count; ++i) {
+                exact[i] += xr[i];
+                abs_sum[i] += std::fabs(xr[i]);
+              }
+            }
+            for (std::size_t i = 0; i < count; ++i) {
+              const double bound =
+                  (gamma * abs_sum[i] + (2 * n - 1) * w.eta) * post + 0x1p-23 * std::fabs(d[i]);
+              worst = std::max(worst, std::fabs(d[i] - exact[i] * post) / bound);
+              if (!(std::fabs(d[i] - exact[i] * post) <= bound) && wrong++ < 3) {
+                FAIL_CHECK("[" << i << "] " << d[i] << " vs exact " << exact[i] * post);
+              }
+            }
+            CHECK(wrong == 0);
+            if (!in_place) CHECK(x == input(me, count, count));
+            std::vector<float> all(count * static_cast<std::size_t>(n));
+            comm.allgather(TensorView(d, count, kolo::DataType::float32),
+                           TensorView(std::span<float>(all)));
+            for (int r = 0; r < n; ++r) {
+              CHECK(std::memcmp(all.data() + r * count, d, count * sizeof(float)) == 0);
+            }
+          }
+        }
+      }
+      const std::string path = algo == kolo::AllreduceAlgorithm::ring ? "on the wire" : "in passes";
+      MESSAGE(std::string(w.name) << " " << path << ", n = " << n
+                                  << ": worst error / bound = " << worst);
+    }
+  }
+  comm.selector().clear_overrides();
+  // A float32 tensor only, sum or average only, a 16-bit wire only: errors that name it. The
+  // error ends the communicator on every rank; a rank still in the barrier gets it there.
+  std::vector<double> dbl(4, 1.0);
+  auto bad_call = [&] {
+    comm.barrier();
+    comm.allreduce_compressed(TensorView(std::span<double>(dbl)),
+                              TensorView(std::span<double>(dbl)), ReduceOp::sum,
+                              CompressionPolicy::parse("fp16"));
+  };
+  CHECK_THROWS_WITH_AS(bad_call(), doctest::Contains("compression takes float32"), kolo::Error);
+}
+
+// The engine sends a lone unscaled float32 tensor through allreduce_compressed (no fusion
+// buffer: fused_collectives stays 0); a scaled one, or a batch, takes the passes.
+TEST_CASE("compressed allreduce: the engine converts a lone tensor on the wire") {
+  kolo::Communicator<> comm(kolo::Topology::from_env());
+  comm.selector().force_allreduce(kolo::AllreduceAlgorithm::ring);
+  auto eo = kolo::EngineOptions::from_env();
+  eo.compression = CompressionPolicy::parse("fp16");
+  kolo::Engine<> engine(std::move(comm), eo);
+  const int n = engine.size(), me = engine.rank();
+  const std::size_t count = 50001;
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+    CAPTURE(static_cast<int>(op));
+    std::vector<float> a(count), out(count, -1.0f);
+    for (std::size_t i = 0; i < count; ++i) a[i] = static_cast<float>((me + 1) * (i % 29) * n);
+    engine
+        .allreduce_async("lone", TensorView(std::span<float>(a)), op, 1.0, 1.0,
+                         TensorView(std::span<float>(out)))
+        .wait();
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const double s = static_cast<double>(n) * (n * (n + 1) / 2) * (i % 29);
+      wrong += out[i] != (op == ReduceOp::average ? s / n : s);
+    }
+    CHECK(wrong == 0);
+  }
+  CHECK(engine.stats().fused_collectives == 0);
+  // Scaled: the passes (the fusion buffer carries the prescale).
+  std::vector<float> b(count, 1.0f);
+  engine.allreduce_async("scaled", TensorView(std::span<float>(b)), ReduceOp::sum, 0.5, 1.0).wait();
+  for (float x : {b.front(), b[count / 2], b.back()}) CHECK(x == 0.5f * n);
+  CHECK(engine.stats().fused_collectives == 1);
 }

@@ -1210,7 +1210,27 @@ class Engine {
     for (std::size_t j : batch) total += responses[j].p->count;
     auto t_pack = clock::now();
     auto t_coll = t_pack;
-    if (take_prepacked(responses, batch)) {
+    const bool prepacked = take_prepacked(responses, batch);
+    const Response& r0 = responses[batch.front()];
+    // The same choice on every rank (prepack() never takes a single tensor, and a rank that
+    // has joined reduces zeros in place).
+    if (batch.size() == 1 && p.prescale == 1.0 && p.postscale == 1.0 &&
+        (divisor == 1 || divisor == size()) && comm_.compresses_on_wire(total, c)) {
+      // One unscaled tensor where the ring runs: converted on the wire, segment by segment,
+      // straight from the input into the output; no 16-bit copy of the tensor.
+      const TensorView in = local_input(r0);
+      comm_.allreduce_compressed(in, r0.local ? r0.local->out : in,
+                                 divisor == 1 ? ReduceOp::sum : ReduceOp::average, c);
+      const auto t_end = clock::now();
+      if (timeline_.enabled()) {
+        const int tr = track_of(r0);
+        timeline_.record(tr, "QUEUE", tq, t_pack, c.wire, total * wes);
+        timeline_.record(tr, "ALLREDUCE_WIRE", t_pack, t_end, c.wire, total * wes);
+      }
+      complete(r0, nullptr);
+      return;
+    }
+    if (prepacked) {
       t_pack = prepack_begin_;
       t_coll = prepack_end_;
     } else {
