@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "kolo/algorithm/allreduce_hierarchical.hpp"
+#include "kolo/algorithm/allreduce_zero_copy.hpp"
 #include "kolo/algorithm/barrier_dissemination.hpp"
 #include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/options.hpp"
@@ -51,6 +52,7 @@
 #include "kolo/topology/bootstrap.hpp"
 #include "kolo/transport/default.hpp"
 #include "kolo/transport/route.hpp"
+#include "kolo/transport/shared_region.hpp"
 #include "kolo/transport/transport.hpp"
 #include "kolo/transport/transport_ref.hpp"
 
@@ -80,6 +82,9 @@ inline constexpr int kUndefinedColor = -1;
 
 struct CommunicatorOptions {
   std::size_t segment_bytes = 256 * 1024;
+  // Allreduces of at least this many bytes on Buffers the local peers map (allocate()) read
+  // them in place (KOLO_ZERO_COPY_BYTES); below, three barriers cost more than the copies save.
+  std::size_t zero_copy_bytes = 256 * 1024;
   // Deprecated (KOLO_SMALL_ALLREDUCE_BYTES): recursive doubling up to this many bytes, ring
   // above — the fixed rule the Selector replaced. Ignored when allreduce_rules are given.
   std::optional<std::size_t> small_allreduce_bytes;
@@ -171,6 +176,9 @@ class Communicator {
   AllgatherAlgorithm last_allgather_algorithm() const { return last_allgather_; }
   ReduceScatterAlgorithm last_reduce_scatter_algorithm() const { return last_reduce_scatter_; }
   AlltoallAlgorithm last_alltoall_algorithm() const { return last_alltoall_; }
+  // The last allreduce read the peers' Buffers in place (allocate(); last_allreduce_algorithm()
+  // then still names what the Selector would have run).
+  bool last_allreduce_zero_copy() const { return last_zero_copy_; }
   // This rank's host and cross-host groups (hierarchical allreduce).
   const HostGroups& host_groups() const { return groups_; }
 
@@ -191,6 +199,56 @@ class Communicator {
   // the same compression.
   void allreduce_compressed(TensorView in, TensorView out, ReduceOp op,
                             const CompressionPolicy& wire);
+  // ---- buffers the local peers map (zero copy) ----
+  // Collective: every rank allocates `count` elements of E at the same point. Where every rank
+  // of this communicator is on one host and reached through shared memory, each rank's Buffer
+  // is mapped by all the others, and an allreduce whose input and output lie in such Buffers
+  // (at the same offsets on every rank) of at least CommunicatorOptions::zero_copy_bytes reads
+  // the peers' memory in place: no data passes through the channels (Buffer::shared() says
+  // whether it is). Elsewhere — TCP, several hosts, MPI, a system that refuses the mapping —
+  // the Buffer is ordinary memory and collectives on it take the usual path. Counts differing
+  // between ranks are a ConfigError on every rank. The memory lives as long as the Buffer.
+  template <class E>
+  Buffer<E> allocate(std::size_t count) {
+    static_assert(is_kolo_element_v<E> || std::is_same_v<E, std::byte>,
+                  "kolo::Communicator::allocate: E must be a kolo element type or std::byte");
+    return Buffer<E>(allocate_region(count * sizeof(E)), count);
+  }
+  // The same, untyped: `bytes` bytes (what the engine's fusion buffer uses).
+  std::shared_ptr<detail::SharedRegion> allocate_region(std::size_t bytes);
+  // Whether Buffers of this communicator can be shared at all: more than one rank, and every
+  // peer reached through shared memory. The same answer on every rank.
+  bool zero_copy_routes() const {
+    if constexpr (requires(const T& t) { t.route(0); }) {
+      if (size() < 2) return false;
+      for (int p = 0; p < size(); ++p) {
+        if (p != rank() && transport_->route(p) != Route::shm) return false;
+      }
+      return true;
+    } else {
+      return false;
+    }
+  }
+  // Allreduce on Buffers: the whole Buffer, its first `count` elements, or out of place. The
+  // Buffer must come from this communicator (one whose communicator has ended, or another
+  // communicator's, is a ConfigError), and hold `count` elements.
+  template <class E>
+  void allreduce(Buffer<E>& inout, ReduceOp op = ReduceOp::sum) {
+    allreduce(inout, inout.size(), op);
+  }
+  template <class E>
+  void allreduce(Buffer<E>& inout, std::size_t count, ReduceOp op) {
+    check_buffer(inout.region(), inout.size(), count, "allreduce");
+    allreduce(TensorView(inout.data(), count, dtype_of<E>()), op);
+  }
+  template <class E>
+  void allreduce(const Buffer<E>& in, Buffer<E>& out, ReduceOp op = ReduceOp::sum) {
+    check_buffer(in.region(), in.size(), in.size(), "allreduce input");
+    check_buffer(out.region(), out.size(), in.size(), "allreduce output");
+    allreduce(TensorView(in.data(), in.size(), dtype_of<E>()),
+              TensorView(out.data(), in.size(), dtype_of<E>()), op);
+  }
+
   // Whether allreduce_compressed of `count` elements converts on the wire (the ring, or one
   // rank's round trip) on this communicator; false: it takes the compress / allreduce /
   // decompress passes.
@@ -316,6 +374,14 @@ class Communicator {
 
   P2PRequest post(bool is_send, TensorView data, int peer, int tag);
 
+  // A Buffer handed to a collective: from this communicator, still alive, large enough.
+  void check_buffer(const std::shared_ptr<detail::SharedRegion>& r, std::size_t have,
+                    std::size_t want, const char* what);
+  // Runs the zero-copy allreduce when in and out lie in shared regions (and the tensor is large
+  // enough); false: the caller takes the usual path.
+  bool try_zero_copy(const TensorView& in, const TensorView& out, ReduceOp op,
+                     const AlgoOptions& opt);
+
   // Up to this many bytes reduce() climbs a binomial tree; above, it runs the allreduce.
   static constexpr std::size_t kRootedTreeBytes = 64 * 1024;
 
@@ -384,8 +450,11 @@ class Communicator {
   CommunicatorOptions opts_;
   std::uint64_t seq_ = 0;
   std::vector<std::byte> scratch_;
-  std::vector<std::byte> wire_buffer_;       // allreduce_compressed off the ring: the 16-bit copy
-  std::vector<std::byte> reduce_scratch_;    // a non-root's discarded result of a large reduce
+  std::vector<std::byte> wire_buffer_;     // allreduce_compressed off the ring: the 16-bit copy
+  std::vector<std::byte> reduce_scratch_;  // a non-root's discarded result of a large reduce
+  std::shared_ptr<detail::RegionRegistry> regions_;  // allocate(): this communicator's Buffers
+  std::vector<const std::byte*> zc_in_;              // the zero-copy allreduce's peer pointers
+  std::vector<std::byte*> zc_out_;
   std::vector<std::uint64_t> p2p_sent_;      // per peer: sends posted (signature sequence)
   std::vector<std::uint64_t> p2p_received_;  // per peer: receives posted
   std::uint64_t split_seq_ = 0;
@@ -396,6 +465,7 @@ class Communicator {
   AllgatherAlgorithm last_allgather_ = AllgatherAlgorithm::ring;
   ReduceScatterAlgorithm last_reduce_scatter_ = ReduceScatterAlgorithm::ring;
   AlltoallAlgorithm last_alltoall_ = AlltoallAlgorithm::pairwise;
+  bool last_zero_copy_ = false;
 };
 
 // ---- out of the class and not inline: under KOLO_COMPILED_CORE (core/compiled_core.hpp) the
@@ -458,11 +528,137 @@ void Communicator<T>::allreduce(TensorView in, TensorView out, ReduceOp op) {
                         " elements but output has " + std::to_string(out.count));
     }
     check_overlap("allreduce", in, out, in.data);
+    last_zero_copy_ = false;
+    if (try_zero_copy(in, out, op, opt)) return;
     if constexpr (HasNativeAllreduce<T>) {
       if (transport_->native_allreduce(in.data, out.data, in.count, in.dtype, op, opt)) return;
     }
     run_allreduce(in.data, out.data, in.count, in.dtype, op, opt);
   });
+}
+
+template <class T>
+std::shared_ptr<detail::SharedRegion> Communicator<T>::allocate_region(std::size_t bytes) {
+  if (!regions_) regions_ = std::make_shared<detail::RegionRegistry>();
+  auto region = std::make_shared<detail::SharedRegion>();
+  region->owner = regions_.get();
+  region->id = regions_->next_id();
+  region->peer_base.assign(static_cast<std::size_t>(size()), nullptr);
+  region->peer_mapped.assign(static_cast<std::size_t>(size()), 0);
+  const bool share = zero_copy_routes();
+  // Created before the collective: a failure here is this rank's, and run() hands it to all.
+  std::int64_t mine[4] = {static_cast<std::int64_t>(::getpid()), -1,
+                          static_cast<std::int64_t>(bytes), 0};
+  std::vector<std::int64_t> all(4 * static_cast<std::size_t>(size()));
+  run(Collective::allgather, DataType::int64, ReduceOp::sum, 4, -1, 0x300,
+      [&](const AlgoOptions& opt) {
+        region->create(bytes);
+        mine[1] = share ? region->fd : -1;
+        mine[3] = static_cast<std::int64_t>(region->mapped);
+        const std::size_t counts_storage = 4;
+        std::vector<std::size_t> counts(static_cast<std::size_t>(size()), counts_storage);
+        run_allgather(mine, all.data(), counts, sizeof(std::int64_t), opt);
+      });
+  for (int r = 0; r < size(); ++r) {
+    if (all[4 * static_cast<std::size_t>(r) + 2] != static_cast<std::int64_t>(bytes)) {
+      // Every rank sees every count: the same error everywhere, without another message.
+      std::string list;
+      for (int q = 0; q < size(); ++q) {
+        list += (q ? ", " : "") + std::to_string(all[4 * static_cast<std::size_t>(q) + 2]);
+      }
+      throw ConfigError("allocate: the ranks asked for different sizes (bytes by rank: " + list +
+                        "); every rank must allocate the same count");
+    }
+  }
+  region->peer_base[static_cast<std::size_t>(rank())] = region->base;
+  std::uint8_t ok = 1;
+  for (int r = 0; r < size() && share; ++r) {
+    const std::size_t i = static_cast<std::size_t>(r);
+    if (r == rank()) continue;
+    if (all[4 * i + 1] < 0 ||
+        !region->map_peer(r, static_cast<long>(all[4 * i]), static_cast<long>(all[4 * i + 1]),
+                          static_cast<std::size_t>(all[4 * i + 3]))) {
+      ok = 0;
+    }
+  }
+  if (share) {
+    // Shared only if every rank mapped every peer: the same answer everywhere. After this
+    // collective nobody opens the descriptors any more.
+    allreduce(TensorView(&ok, 1, DataType::uint8), ReduceOp::min);
+    region->shared = ok != 0;
+    if (!region->shared) {
+      region->release_peers();
+      region->peer_base[static_cast<std::size_t>(rank())] = region->base;
+    }
+  }
+  region->close_fd();
+  regions_->add(region);
+  return region;
+}
+
+template <class T>
+void Communicator<T>::check_buffer(const std::shared_ptr<detail::SharedRegion>& r, std::size_t have,
+                                   std::size_t want, const char* what) {
+  std::string problem;
+  if (!r) {
+    problem = "the Buffer holds no memory (default-constructed or moved from)";
+  } else if (!r->alive) {
+    problem =
+        "the Buffer was allocated by a communicator that has ended; allocate it again from "
+        "the communicator in use";
+  } else if (r->owner != regions_.get()) {
+    problem = "the Buffer was allocated by another communicator";
+  } else if (want > have) {
+    problem = "the Buffer holds " + std::to_string(have) + " elements, the collective needs " +
+              std::to_string(want);
+  }
+  if (problem.empty()) return;
+  // As any argument error of a collective: the other ranks get it too instead of waiting.
+  const ConfigError err(std::string(what) + ": " + problem);
+  if (size() > 1) {
+    transport_->abort(err);
+    if (transport_->aborted()) transport_->rethrow();
+  }
+  throw err;
+}
+
+template <class T>
+bool Communicator<T>::try_zero_copy(const TensorView& in, const TensorView& out, ReduceOp op,
+                                    const AlgoOptions& opt) {
+  if (!regions_ || in.count == 0 || in.bytes() < opts_.zero_copy_bytes) return false;
+  detail::SharedRegion* ri = regions_->find(in.data, in.bytes());
+  detail::SharedRegion* ro = ri ? regions_->find(out.data, out.bytes()) : nullptr;
+  if (!ri || !ro) return false;
+  const std::size_t in_off =
+      static_cast<std::size_t>(static_cast<const std::byte*>(in.data) - ri->base);
+  const std::size_t out_off =
+      static_cast<std::size_t>(static_cast<std::byte*>(out.data) - ro->base);
+  const std::size_t n = static_cast<std::size_t>(size());
+  zc_in_.resize(n);
+  zc_out_.resize(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    zc_in_[r] = ri->peer_base[r] + in_off;
+    zc_out_[r] = ro->peer_base[r] + out_off;
+  }
+  // Every rank must read the same regions at the same offsets, and all must take this path:
+  // the barriers' Signature carries both, so a rank that differs (or sends data through the
+  // channels instead) is a MismatchError on both sides, not a wrong read.
+  AlgoOptions zo = opt;
+  std::uint64_t h = 0x7a65726f636f7079ull;  // "zerocopy"
+  for (std::uint64_t v :
+       {ri->id, ro->id, static_cast<std::uint64_t>(in_off), static_cast<std::uint64_t>(out_off)}) {
+    h = (h ^ v) * 0x100000001b3ull;
+  }
+  zo.sig.extra = h | 1;
+  ZeroCopyArgs a;
+  a.in = zc_in_;
+  a.out = zc_out_;
+  a.count = in.count;
+  a.dtype = in.dtype;
+  a.op = op;
+  allreduce_zero_copy(*transport_, a, zo);
+  last_zero_copy_ = true;
+  return true;
 }
 
 template <class T>

@@ -224,12 +224,19 @@ int bad_argument(const std::string& what) {
 
 // (b) All ranks loop large allreduces; `victim` SIGKILLs itself `after_ms` in. `wire`: float32
 // through allreduce_compressed on the ring (fp16 messages, converted segment by segment).
-int kill_mid_allreduce(int victim, int after_ms, std::size_t elems, bool wire) {
+// `zero_copy`: on a Buffer from Communicator::allocate, which shared memory reads in place.
+int kill_mid_allreduce(int victim, int after_ms, std::size_t elems, bool wire, bool zero_copy) {
   auto c = connect();
   const int n = c->size();
   const auto fp16 = kolo::CompressionPolicy::parse("fp16");
   if (wire) c->selector().force_allreduce(kolo::AllreduceAlgorithm::ring);
-  std::vector<float> buf(elems);
+  kolo::Buffer<float> shared;
+  if (zero_copy) {
+    shared = c->allocate<float>(elems);
+    say("KOLO_ZERO_COPY rank=" + rank_label + " shared=" + (shared.shared() ? "1" : "0"));
+  }
+  std::vector<float> heap(zero_copy ? 0 : elems);
+  std::span<float> buf = zero_copy ? shared.span() : std::span<float>(heap);
   c->barrier();  // everyone is in the loop when the clock starts
   t0 = WallClock::now();
   if (c->rank() == victim) {
@@ -247,8 +254,10 @@ int kill_mid_allreduce(int victim, int after_ms, std::size_t elems, bool wire) {
       if (wire) {
         c->allreduce_compressed(kolo::TensorView(std::span<float>(buf)),
                                 kolo::TensorView(std::span<float>(buf)), kolo::ReduceOp::sum, fp16);
+      } else if (zero_copy) {
+        c->allreduce(shared);
       } else {
-        c->allreduce(std::span<float>(buf));
+        c->allreduce(buf);
       }
     } catch (const kolo::Error& e) {
       const int code = report(e);
@@ -538,7 +547,8 @@ int run(int argc, char** argv) {
   if (mode == "kill") {
     return kill_mid_allreduce(static_cast<int>(arg(2, 2)), static_cast<int>(arg(3, 300)),
                               static_cast<std::size_t>(arg(4, 1 << 20)),
-                              argc > 5 && std::string(argv[5]) == "wire");
+                              argc > 5 && std::string(argv[5]) == "wire",
+                              argc > 5 && std::string(argv[5]) == "zerocopy");
   }
   if (mode == "skip") return skip(argc > 2 ? std::atof(argv[2]) : 3.0);
   if (mode == "setup") return setup();

@@ -6,6 +6,10 @@
 // the environment contract kolo-run would otherwise fill in correctly, and to know every data
 // port in advance). Every subprocess has a hard wall-clock limit: when it passes, the processes
 // are killed and the case fails, so a bug shows up as a failure rather than a stuck CTest.
+#include <filesystem>
+#include <set>
+#include <string>
+
 #include "harness.hpp"
 
 using namespace kolo_faults;
@@ -146,15 +150,30 @@ TEST_CASE("invalid argument on one rank reaches all") {
 // below KOLO_TIMEOUT_SECONDS, and kolo-run passes on the killed rank's 128+9.
 // The same for float32 on an fp16 wire (allreduce_compressed, the ring converting segment by
 // segment): 3 ranks, each transport.
-void killed_mid_allreduce(const std::vector<int>& nps, bool wire) {
+// And on Buffers from Communicator::allocate, read in place over shared memory (a Buffer over
+// TCP is ordinary memory): the peer dies while the others read its memory, and nothing is left
+// in /dev/shm afterwards (the buffers are memfds, without names).
+std::set<std::string> dev_shm_kolo() {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind("kolo-", 0) == 0) names.insert(f);
+  }
+  return names;
+}
+
+void killed_mid_allreduce(const std::vector<int>& nps, const char* variant) {
+  const std::string v = variant;
   for (const char* transport : kTransports) {
     for (int np : nps) {
       CAPTURE(transport);
       CAPTURE(np);
-      CAPTURE(wire);
+      CAPTURE(v);
       const int victim = 2;
       std::vector<std::string> args = {"kill", std::to_string(victim), "300", "1048576"};
-      if (wire) args.push_back("wire");
+      if (!v.empty()) args.push_back(v);
+      const auto shm_before = dev_shm_kolo();
       const JobResult r = kolo_run(
           np, args, {std::string("KOLO_TRANSPORT=") + transport, "KOLO_TIMEOUT_SECONDS=60"},
           /*limit=*/45, /*grace=*/20);
@@ -175,15 +194,24 @@ void killed_mid_allreduce(const std::vector<int>& nps, bool wire) {
         CHECK(it->second.after < 10);
         CHECK(contains(it->second.what, "rank 2"));
       }
+      if (v == "zerocopy") {
+        const bool shm = std::string(transport) == "shm";
+        CHECK(count_of(r.out, "KOLO_ZERO_COPY") == np);
+        CHECK(count_of(r.out, "shared=1") == (shm ? np : 0));
+        CHECK(dev_shm_kolo() == shm_before);
+      }
     }
   }
 }
 
 TEST_CASE("rank killed mid-allreduce") {
-  killed_mid_allreduce({3, 4}, false);
+  killed_mid_allreduce({3, 4}, "");
 }
 TEST_CASE("rank killed mid-allreduce on an fp16 wire") {
-  killed_mid_allreduce({3}, true);
+  killed_mid_allreduce({3}, "wire");
+}
+TEST_CASE("rank killed mid-allreduce on Buffers read in place (zero copy)") {
+  killed_mid_allreduce({3}, "zerocopy");
 }
 
 // ---------------------------------------------------------------- hand-launched ranks

@@ -321,6 +321,16 @@ inline constexpr Var segment_bytes{"KOLO_SEGMENT_BYTES",
                                    1 << 30,
                                    "262144",
                                    "ring pipelining unit in bytes"};
+inline constexpr Var zero_copy_bytes{"KOLO_ZERO_COPY_BYTES",
+                                     Kind::integer,
+                                     Section::selection,
+                                     Reader::communicator,
+                                     0,
+                                     1ll << 62,
+                                     "262144",
+                                     "smallest allreduce (bytes) on Buffers from "
+                                     "Communicator::allocate that reads the local peers' memory "
+                                     "in place"};
 inline constexpr Var allreduce{"KOLO_ALLREDUCE",
                                Kind::rules,
                                Section::selection,
@@ -738,6 +748,7 @@ inline std::span<const Var* const> all_vars() {
       &vars::yield_every,
       &vars::wait_spread,
       &vars::segment_bytes,
+      &vars::zero_copy_bytes,
       &vars::allreduce,
       &vars::broadcast,
       &vars::allgather,

@@ -112,9 +112,11 @@ struct EngineStats {
   std::uint64_t cached_responses = 0;
   std::uint64_t uncached_responses = 0;
   std::uint64_t fused_collectives = 0;
-  std::uint64_t direct_collectives = 0;  // fused ones on the tensors' own memory (no copies)
-  std::uint64_t driven_cycles = 0;       // cycles run by a thread waiting in Handle::wait()
-  double negotiation_seconds = 0;        // time spent agreeing, not moving tensors
+  std::uint64_t direct_collectives = 0;     // fused ones on the tensors' own memory (no copies)
+  std::uint64_t zero_copy_collectives = 0;  // allreduces that read the local peers' memory in
+                                            // place (the shared fusion buffer, or Buffers)
+  std::uint64_t driven_cycles = 0;          // cycles run by a thread waiting in Handle::wait()
+  double negotiation_seconds = 0;           // time spent agreeing, not moving tensors
 };
 
 // A transport that takes device tensors and packs fused batches of them on the GPU
@@ -572,6 +574,19 @@ class Engine {
       fail_pending(
           std::make_exception_ptr(Error(shutdown_reason(flags_[2] == 0, stopped, joined))));
       return CycleResult::stop;
+    }
+
+    // Once, in the first cycle every rank reaches (allocate is collective): on one host the
+    // fusion buffer moves into memory the local peers map, and fused allreduces read each
+    // other's packed tensors in place. Pages are committed when touched, so the threshold's
+    // size costs only what the largest batch uses.
+    if (!fusion_attach_tried_) {
+      fusion_attach_tried_ = true;
+      if (comm_.zero_copy_routes() && opts_.fusion_threshold > 0) {
+        guarded([&] { fusion_.attach(comm_.allocate_region(opts_.fusion_threshold)); },
+                [] { return std::string("allocating the shared fusion buffer"); });
+        prepacked_.clear();  // packed into the old storage
+      }
     }
 
     // Last cycle's responses are done with (their handles completed or failed).
@@ -1111,6 +1126,8 @@ class Engine {
         comm_.allreduce(out, wire_op);
         detail::scaled_copy(out.data, out.data, out.count, out.dtype, p.postscale, divisor);
       }
+      // A tensor in a Buffer from communicator().allocate: read in place by the peers.
+      if (comm_.last_allreduce_zero_copy()) bump([](EngineStats& s) { ++s.zero_copy_collectives; });
       const auto tb = clock::now();
       if (timeline_.enabled()) {
         const int tr = track_of(r);
@@ -1174,6 +1191,7 @@ class Engine {
       t_coll = clock::now();
     }
     comm_.allreduce(TensorView(fusion_.data(), bytes / es, p.dtype), post ? wire_op : p.op);
+    if (comm_.last_allreduce_zero_copy()) bump([](EngineStats& s) { ++s.zero_copy_collectives; });
     const auto t_unpack = clock::now();
     for (std::size_t k = 0; k < batch.size(); ++k) {
       const Response& r = responses[batch[k]];
@@ -1246,6 +1264,7 @@ class Engine {
       t_coll = clock::now();
     }
     comm_.allreduce(TensorView(fusion_.data(), total, c.wire), ReduceOp::sum);
+    if (comm_.last_allreduce_zero_copy()) bump([](EngineStats& s) { ++s.zero_copy_collectives; });
     const auto t_unpack = clock::now();
     const float post = static_cast<float>(p.postscale / divisor);
     for (std::size_t k = 0; k < batch.size(); ++k) {
@@ -1650,6 +1669,7 @@ class Engine {
   EngineOptions opts_;
   Timeline timeline_;
   FusionBuffer fusion_;
+  bool fusion_attach_tried_ = false;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -5,10 +5,13 @@
 // unpack by the postscale factor (and 1/size for an average) while copying out, so a fused
 // allreduce touches each byte exactly twice outside the collective: one read+write in, one
 // read+write out. The buffer is allocated once and reused across cycles (grown when needed).
+// On one host it lives in memory the local peers map (attach), so the allreduce of a fused
+// batch reads the peers' packed tensors in place instead of sending them through channels.
 #pragma once
 
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -16,6 +19,7 @@
 #include "kolo/core/float16.hpp"
 #include "kolo/core/reduce.hpp"
 #include "kolo/core/tensor.hpp"
+#include "kolo/transport/shared_region.hpp"
 
 namespace kolo {
 
@@ -85,27 +89,41 @@ inline void scaled_copy(void* dst, const void* src, std::size_t count, DataType 
 
 class FusionBuffer {
  public:
-  // Reserves room for `bytes`; keeps the allocation across cycles.
+  // Reserves room for `bytes` and makes it the current storage: the attached shared region when
+  // it is large enough (the zero-copy allreduce then reads the peers' fusion buffers in place),
+  // else heap memory kept across cycles (grown when needed). Every rank reserves the same bytes
+  // for a batch, so all pick the same kind of storage.
   std::byte* reserve(std::size_t bytes) {
+    if (shared_ && bytes <= shared_->bytes) {
+      cur_ = shared_->base;
+      return cur_;
+    }
     if (buf_.size() < bytes) buf_.resize(bytes);
-    return buf_.data();
+    cur_ = buf_.data();
+    return cur_;
   }
   std::size_t capacity() const { return buf_.size(); }
 
+  // Storage the local peers map (Communicator::allocate_region), used for batches that fit.
+  void attach(std::shared_ptr<detail::SharedRegion> region) { shared_ = std::move(region); }
+  bool shared() const { return shared_ && shared_->shared; }
+
   // Copies `src` (times `prescale`) into the buffer at byte `offset`.
   void pack(std::size_t offset, const TensorView& src, double prescale) {
-    detail::scaled_copy(buf_.data() + offset, src.data, src.count, src.dtype, prescale);
+    detail::scaled_copy(cur_ + offset, src.data, src.count, src.dtype, prescale);
   }
 
   // Copies the reduced elements at byte `offset` out to `dst`, times postscale / divisor.
   void unpack(std::size_t offset, const TensorView& dst, double postscale, int divisor) {
-    detail::scaled_copy(dst.data, buf_.data() + offset, dst.count, dst.dtype, postscale, divisor);
+    detail::scaled_copy(dst.data, cur_ + offset, dst.count, dst.dtype, postscale, divisor);
   }
 
-  std::byte* data() { return buf_.data(); }
+  std::byte* data() { return cur_; }
 
  private:
   std::vector<std::byte> buf_;
+  std::shared_ptr<detail::SharedRegion> shared_;
+  std::byte* cur_ = nullptr;
 };
 
 }  // namespace kolo

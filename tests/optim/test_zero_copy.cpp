@@ -1,0 +1,255 @@
+// Buffers from Communicator::allocate and the zero-copy allreduce that reads them in place
+// (algorithm/allreduce_zero_copy.hpp), and the engine's fusion buffer in such memory.
+//
+// Under shared memory (optim/shm/np1..4) every rank's Buffer is mapped by the others and every
+// allreduce below of at least zero_copy_bytes (0 here: all of them) takes the zero-copy path;
+// under TCP (optim/tcp/np2) the same cases run through the channels, so the values checked are
+// the same and only the path differs. Values are small integers in every dtype: every
+// summation order is exact, so the checks are exact, and every rank must hold the same bits.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <kolo/engine/engine.hpp>
+#include <kolo/kolo.hpp>
+
+using kolo::ReduceOp;
+using kolo::TensorView;
+
+namespace {
+
+kolo::Communicator<> zero_copy_comm() {
+  auto co = kolo::CommunicatorOptions::from_env();
+  co.zero_copy_bytes = 0;  // every size takes the path, down to one element
+  return kolo::Communicator<>(kolo::Topology::from_env(), co);
+}
+
+// Rank r's element i, and the exact result over n ranks.
+double value(ReduceOp op, int r, std::size_t i, int n) {
+  if (op == ReduceOp::product)
+    return 1.0 + static_cast<double>((i + static_cast<std::size_t>(r)) % 2);
+  return static_cast<double>(n) * static_cast<double>(1 + i % 3) * (r + 1);
+}
+double expected(ReduceOp op, std::size_t i, int n) {
+  double acc = value(op, 0, i, n);
+  for (int r = 1; r < n; ++r) {
+    const double x = value(op, r, i, n);
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::average:
+        acc += x;
+        break;
+      case ReduceOp::min:
+        acc = std::min(acc, x);
+        break;
+      case ReduceOp::max:
+        acc = std::max(acc, x);
+        break;
+      case ReduceOp::product:
+        acc *= x;
+        break;
+    }
+  }
+  return op == ReduceOp::average ? acc / n : acc;
+}
+
+}  // namespace
+
+TEST_CASE("zero copy: every dtype x op x count, in place and out of place, exact and same bits") {
+  auto comm = zero_copy_comm();
+  const int n = comm.size(), me = comm.rank();
+  const bool zc = comm.zero_copy_routes();
+  // One rank, TCP: nothing to share. Shared memory with peers: shared.
+  CHECK(zc == (n > 1 && std::string(std::getenv("KOLO_TRANSPORT") ? std::getenv("KOLO_TRANSPORT")
+                                                                  : "") != "tcp"));
+  const std::size_t counts[] = {1, 2, 3, 7, 64, 1000, 4097, 100003};
+  for (kolo::DataType dt : kolo::all_dtypes) {
+    kolo::visit_dtype(dt, [&](auto tag) {
+      using E = decltype(tag);
+      for (ReduceOp op : kolo::all_reduce_ops) {
+        for (std::size_t count : counts) {
+          const std::string dtype_name(kolo::dtype_name(dt));
+          CAPTURE(dtype_name);
+          CAPTURE(static_cast<int>(op));
+          CAPTURE(count);
+          auto in = comm.allocate<E>(count);
+          auto out = comm.allocate<E>(count);
+          CHECK(in.shared() == zc);
+          for (bool in_place : {true, false}) {
+            CAPTURE(in_place);
+            for (std::size_t i = 0; i < count; ++i) {
+              in[i] = static_cast<E>(static_cast<float>(value(op, me, i, n)));
+              out[i] = static_cast<E>(-1.0f);
+            }
+            if (in_place) {
+              comm.allreduce(in, op);
+            } else {
+              comm.allreduce(in, out, op);
+            }
+            CHECK(comm.last_allreduce_zero_copy() == zc);
+            const kolo::Buffer<E>& res = in_place ? in : out;
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < count; ++i) {
+              const double got = static_cast<double>(static_cast<float>(res[i]));
+              if (got != expected(op, i, n) && wrong++ < 3) {
+                FAIL_CHECK("[" << i << "] " << got << " != " << expected(op, i, n));
+              }
+            }
+            CHECK(wrong == 0);
+            if (!in_place) {  // the input is untouched
+              for (std::size_t i = 0; i < count; i += 997) {
+                CHECK(static_cast<float>(in[i]) == static_cast<float>(value(op, me, i, n)));
+              }
+            }
+            std::vector<E> all(count * static_cast<std::size_t>(n));
+            comm.allgather(TensorView(res.data(), count, dt), TensorView(std::span<E>(all)));
+            for (int r = 0; r < n; ++r) {
+              CHECK(std::memcmp(all.data() + static_cast<std::size_t>(r) * count, res.data(),
+                                count * sizeof(E)) == 0);
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("zero copy: parts of Buffers, plain memory on some calls, and the size threshold") {
+  auto co = kolo::CommunicatorOptions::from_env();
+  co.zero_copy_bytes = 4096;
+  kolo::Communicator<> comm(kolo::Topology::from_env(), co);
+  const int n = comm.size(), me = comm.rank();
+  const bool zc = comm.zero_copy_routes();
+  auto buf = comm.allocate<std::int32_t>(10000);
+  auto fill = [&](std::size_t count) {
+    for (std::size_t i = 0; i < 10000; ++i) buf[i] = i < count ? me + 1 : -5;
+  };
+  // A prefix (the same offset 0 on every rank), above and below the threshold.
+  for (std::size_t count : {std::size_t{1023}, std::size_t{1024}, std::size_t{9999}}) {
+    CAPTURE(count);
+    fill(count);
+    comm.allreduce(buf, count, ReduceOp::sum);
+    CHECK(comm.last_allreduce_zero_copy() == (zc && count * 4 >= 4096));
+    CHECK(buf[0] == n * (n + 1) / 2);
+    CHECK(buf[count - 1] == n * (n + 1) / 2);
+    CHECK(buf[count] == -5);  // past the prefix: untouched
+  }
+  // A view in the middle of the Buffer through the TensorView overload.
+  fill(10000);
+  comm.allreduce(TensorView(buf.data() + 100, 5000, kolo::DataType::int32), ReduceOp::max);
+  CHECK(comm.last_allreduce_zero_copy() == zc);
+  CHECK(buf[99] == me + 1);
+  CHECK(buf[100] == n);
+  CHECK(buf[5099] == n);
+  CHECK(buf[5100] == me + 1);
+  // Plain memory beside it: the channels, the same result.
+  std::vector<std::int32_t> plain(5000, me + 1);
+  comm.allreduce(plain);
+  CHECK(!comm.last_allreduce_zero_copy());
+  CHECK(plain[4999] == n * (n + 1) / 2);
+}
+
+TEST_CASE("zero copy: errors name the Buffer's problem") {
+  // Too small: every rank asks for more than it holds (the error reaches every rank anyway).
+  {
+    auto comm = zero_copy_comm();
+    auto buf = comm.allocate<float>(10);
+    // The error ends the communicator on every rank; a rank still in the barrier gets it there.
+    auto bad_call = [&] {
+      comm.barrier();
+      comm.allreduce(buf, 11, ReduceOp::sum);
+    };
+    CHECK_THROWS_WITH_AS(bad_call(),
+                         doctest::Contains("the Buffer holds 10 elements, the collective needs 11"),
+                         kolo::Error);
+  }
+  // A Buffer whose communicator has ended: its memory is still the user's, a collective on it
+  // with another communicator is refused.
+  kolo::Buffer<float> orphan;
+  {
+    auto comm = zero_copy_comm();
+    orphan = comm.allocate<float>(1000);
+    orphan[999] = 3.0f;
+    CHECK(orphan.valid());
+  }
+  CHECK(!orphan.valid());
+  CHECK(!orphan.shared());
+  CHECK(orphan[999] == 3.0f);
+  {
+    auto comm = zero_copy_comm();
+    auto bad_call = [&] {
+      comm.barrier();
+      comm.allreduce(orphan);
+    };
+    CHECK_THROWS_WITH_AS(
+        bad_call(), doctest::Contains("allocated by a communicator that has ended"), kolo::Error);
+  }
+  // Different counts on different ranks: the same error on every rank.
+  {
+    auto comm = zero_copy_comm();
+    if (comm.size() > 1) {
+      CHECK_THROWS_WITH_AS(comm.allocate<float>(100 + static_cast<std::size_t>(comm.rank())),
+                           doctest::Contains("the ranks asked for different sizes"),
+                           kolo::ConfigError);
+    }
+    kolo::Buffer<float> empty;
+    auto bad_call = [&] {
+      comm.barrier();
+      comm.allreduce(empty);
+    };
+    CHECK_THROWS_WITH_AS(bad_call(), doctest::Contains("holds no memory"), kolo::Error);
+  }
+}
+
+TEST_CASE("zero copy: the engine's fused batches go through the shared fusion buffer") {
+  auto comm = zero_copy_comm();
+  const bool zc = comm.zero_copy_routes();
+  // A Buffer allocated before the communicator moves into the engine stays its (allocate is a
+  // collective of its own: not to be called while the engine runs cycles on the communicator).
+  auto b = comm.allocate<float>(70000);
+  auto eo = kolo::EngineOptions::from_env();
+  eo.compression = kolo::CompressionPolicy{};  // float32 equality (tcp/np2 sets fp16)
+  kolo::Engine<> engine(std::move(comm), eo);
+  const int n = engine.size(), me = engine.rank();
+  const std::size_t tensors = 16, count = 3001;
+  std::vector<std::vector<float>> in(tensors), out(tensors);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<kolo::Handle> hs;
+    for (std::size_t t = 0; t < tensors; ++t) {
+      in[t].assign(count, static_cast<float>((me + 1) * (t + 1) + step));
+      out[t].assign(count, -1.0f);
+      hs.push_back(engine.allreduce_async("g" + std::to_string(t),
+                                          TensorView(std::span<float>(in[t])), ReduceOp::average,
+                                          1.0, 1.0, TensorView(std::span<float>(out[t]))));
+    }
+    for (auto& h : hs) h.wait();
+    for (std::size_t t = 0; t < tensors; ++t) {
+      const float want = static_cast<float>((n + 1) * (t + 1)) / 2.0f + static_cast<float>(step);
+      CHECK(out[t].front() == want);
+      CHECK(out[t].back() == want);
+    }
+  }
+  const auto st = engine.stats();
+  CHECK(st.fused_collectives >= 3);
+  if (zc) {
+    CHECK(st.zero_copy_collectives >= 1);
+  } else {
+    CHECK(st.zero_copy_collectives == 0);
+  }
+  // A tensor in a Buffer of the engine's communicator: read in place on its own.
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(me + 1);
+  const auto before = engine.stats().zero_copy_collectives;
+  engine
+      .allreduce_async("buffer", TensorView(b.data(), b.size(), kolo::DataType::float32),
+                       ReduceOp::sum)
+      .wait();
+  CHECK(b[0] == static_cast<float>(n * (n + 1) / 2));
+  CHECK(b[69999] == static_cast<float>(n * (n + 1) / 2));
+  CHECK(engine.stats().zero_copy_collectives - before == (zc ? 1u : 0u));
+}
