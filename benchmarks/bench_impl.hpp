@@ -112,6 +112,7 @@ struct KoloConfig {
   Coll coll = Coll::allreduce;
   std::string algo = "auto";
   std::string compression = "none";
+  bool shared_buffers = false;  // --buffers shared: Communicator::allocate (zero copy on a host)
 };
 
 // Factories; each throws Unavailable when its library was not found at build time.

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -66,6 +67,12 @@ class KoloImpl final : public Impl {
             std::to_string(std::thread::hardware_concurrency()),
         "algorithm: --algo " + cfg_.algo + "; per collective and size by the Selector: " +
             comm_.selector().describe() + "; segment " + std::to_string(co.segment_bytes) + " B",
+        std::string("buffers: ") +
+            (cfg_.shared_buffers
+                 ? std::string("shared (Communicator::allocate; ") +
+                       (comm_.zero_copy_routes() ? "the local peers map them: zero copy)"
+                                                 : "not shared on these routes)")
+                 : "plain (malloc)"),
         "compression: " + std::string(compression_.name) +
             (compression_.enabled() ? " (Communicator::allreduce_compressed: float32 in and out, "
                                       "16-bit messages; tolerance 2^-10 fp16, 2^-7 bf16 relative)"
@@ -151,6 +158,20 @@ class KoloImpl final : public Impl {
 
   void barrier() override { comm_.barrier(); }
 
+  // --buffers shared: every buffer from Communicator::allocate_region (a collective: every rank
+  // allocates the same sizes in the same order, which the harness does).
+  void* allocate(std::size_t bytes) override {
+    if (!cfg_.shared_buffers) return Impl::allocate(bytes);
+    auto r = comm_.allocate_region(bytes);
+    void* p = r->base;
+    regions_[p] = std::move(r);
+    return p;
+  }
+  void deallocate(void* p) override {
+    if (!cfg_.shared_buffers) return Impl::deallocate(p);
+    regions_.erase(p);
+  }
+
  private:
   BoundOp bind_compressed(const OpSpec& s, void* in, void* out) {
     const CompressionPolicy pol = compression_;
@@ -164,6 +185,7 @@ class KoloImpl final : public Impl {
   KoloConfig cfg_;
   std::string route_;
   CompressionPolicy compression_;
+  std::map<void*, std::shared_ptr<detail::SharedRegion>> regions_;
 };
 
 }  // namespace kolo::bench

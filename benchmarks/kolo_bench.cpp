@@ -92,6 +92,9 @@ constexpr const char* kUsage = R"(Usage: kolo-bench [options]
                              reduce_scatter: ring; alltoall: pairwise
       --compression <c>      none (default), fp16, bf16: kolo allreduce of float32 sum/avg
                              with a 16-bit wire (the engine's compressor)
+      --buffers <b>          kolo's buffers: plain (default: malloc'd, through the channels) or
+                             shared (Communicator::allocate: on one host the peers map them and
+                             the allreduce reads them in place, zero copy)
       --rotate <n|auto>      buffer sets rotated through the timed loop; default auto
       --memcpy               measure this machine's memcpy bandwidth instead (one process)
       --threads <n>          --memcpy: copying threads, each with its own buffers; default 1
@@ -117,6 +120,7 @@ struct Options {
   std::optional<std::string> transport;
   std::string algo = "auto";
   std::string compression = "none";
+  bool shared_buffers = false;
   long rotate = 0;  // 0: auto
   bool memcpy_mode = false;
   long threads = 1;
@@ -326,6 +330,12 @@ Options parse_args(int argc, char** argv) {
       o.algo = need();
     } else if (name == "compression") {
       o.compression = need();
+    } else if (name == "buffers") {
+      const std::string v = need();
+      if (v != "plain" && v != "shared") {
+        throw ArgError("unknown --buffers '" + v + "' (expected plain, shared)");
+      }
+      o.shared_buffers = v == "shared";
     } else if (name == "rotate") {
       const std::string v = need();
       o.rotate = v == "auto" ? 0 : parse_count("--rotate", v, 1);
@@ -351,6 +361,10 @@ Options parse_args(int argc, char** argv) {
   }
   check_algo(o);
   check_compression(o);
+  if (o.shared_buffers && o.impl != "kolo") {
+    throw ArgError("--buffers shared is kolo's (Communicator::allocate); --impl " + o.impl +
+                   " has none");
+  }
   return o;
 }
 
@@ -841,7 +855,7 @@ int run_memcpy(const Options& o) {
 
 std::unique_ptr<Impl> make_impl(const Options& o) {
   if (o.impl == "kolo") {
-    const KoloConfig cfg{o.coll, o.algo, o.compression};
+    const KoloConfig cfg{o.coll, o.algo, o.compression, o.shared_buffers};
     if (o.transport == "mpi" || o.transport == "mpi-native") {
       return make_kolo_mpi_impl(cfg, o.transport == "mpi-native");
     }

@@ -25,6 +25,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <ranges>
 #include <span>
 #include <string>
@@ -547,24 +548,29 @@ std::shared_ptr<detail::SharedRegion> Communicator<T>::allocate_region(std::size
   region->peer_mapped.assign(static_cast<std::size_t>(size()), 0);
   const bool share = zero_copy_routes();
   // Created before the collective: a failure here is this rank's, and run() hands it to all.
-  std::int64_t mine[4] = {static_cast<std::int64_t>(::getpid()), -1,
-                          static_cast<std::int64_t>(bytes), 0};
-  std::vector<std::int64_t> all(4 * static_cast<std::size_t>(size()));
-  run(Collective::allgather, DataType::int64, ReduceOp::sum, 4, -1, 0x300,
+  // pid, descriptor (-1: not offered), bytes asked for, bytes mapped, stamp.
+  constexpr std::size_t kDesc = 5;
+  std::int64_t mine[kDesc] = {static_cast<std::int64_t>(::getpid()), -1,
+                              static_cast<std::int64_t>(bytes), 0, 0};
+  std::vector<std::int64_t> all(kDesc * static_cast<std::size_t>(size()));
+  run(Collective::allgather, DataType::int64, ReduceOp::sum, kDesc, -1, 0x300,
       [&](const AlgoOptions& opt) {
-        region->create(bytes);
+        std::random_device rd;
+        const std::uint64_t stamp = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
+                                    static_cast<std::uint64_t>(::getpid());
+        region->create(bytes, stamp);
         mine[1] = share ? region->fd : -1;
         mine[3] = static_cast<std::int64_t>(region->mapped);
-        const std::size_t counts_storage = 4;
-        std::vector<std::size_t> counts(static_cast<std::size_t>(size()), counts_storage);
+        mine[4] = static_cast<std::int64_t>(stamp);
+        std::vector<std::size_t> counts(static_cast<std::size_t>(size()), kDesc);
         run_allgather(mine, all.data(), counts, sizeof(std::int64_t), opt);
       });
   for (int r = 0; r < size(); ++r) {
-    if (all[4 * static_cast<std::size_t>(r) + 2] != static_cast<std::int64_t>(bytes)) {
+    if (all[kDesc * static_cast<std::size_t>(r) + 2] != static_cast<std::int64_t>(bytes)) {
       // Every rank sees every count: the same error everywhere, without another message.
       std::string list;
       for (int q = 0; q < size(); ++q) {
-        list += (q ? ", " : "") + std::to_string(all[4 * static_cast<std::size_t>(q) + 2]);
+        list += (q ? ", " : "") + std::to_string(all[kDesc * static_cast<std::size_t>(q) + 2]);
       }
       throw ConfigError("allocate: the ranks asked for different sizes (bytes by rank: " + list +
                         "); every rank must allocate the same count");
@@ -575,9 +581,10 @@ std::shared_ptr<detail::SharedRegion> Communicator<T>::allocate_region(std::size
   for (int r = 0; r < size() && share; ++r) {
     const std::size_t i = static_cast<std::size_t>(r);
     if (r == rank()) continue;
-    if (all[4 * i + 1] < 0 ||
-        !region->map_peer(r, static_cast<long>(all[4 * i]), static_cast<long>(all[4 * i + 1]),
-                          static_cast<std::size_t>(all[4 * i + 3]))) {
+    const std::int64_t* d = all.data() + kDesc * i;
+    if (d[1] < 0 ||
+        !region->map_peer(r, static_cast<long>(d[0]), static_cast<long>(d[1]),
+                          static_cast<std::size_t>(d[3]), static_cast<std::uint64_t>(d[4]))) {
       ok = 0;
     }
   }

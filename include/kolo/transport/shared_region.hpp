@@ -3,10 +3,12 @@
 // allreduce (algorithm/allreduce_zero_copy.hpp) reads in place.
 //
 // Each rank creates its region as an anonymous memfd and maps it; the local peers open it
-// through /proc/<pid>/fd/<fd> and map it too. Nothing has a name in /dev/shm, so a rank killed
-// at any moment leaks nothing: the pages go when the last mapping does. The owner closes its
-// descriptor once every peer has mapped (Communicator::allocate is collective), and the
-// mappings live as long as the Buffer (its own) or the Communicator (the peers').
+// through /proc/<pid>/fd/<fd> and map it too, and check the random stamp in its first page (a
+// process id read in another PID namespace could name another process: then nothing is shared).
+// Nothing has a name in /dev/shm, so a rank killed at any moment leaks nothing: the pages go when
+// the last mapping does. The owner closes its descriptor once every peer has mapped
+// (Communicator::allocate is collective), and the mappings live as long as the Buffer (its own) or
+// the Communicator (the peers').
 //
 // Why memfd and /proc rather than the mesh's named segments (shm_channel.hpp): a fusion buffer
 // is large (the fusion threshold, 128 MiB by default) and /dev/shm is often small (64 MiB in a
@@ -16,11 +18,14 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -38,13 +43,14 @@ class RegionRegistry;
 // One rank's region and, once shared, where every local peer's region of the same allocation
 // lies in this process.
 struct SharedRegion {
-  std::byte* base = nullptr;  // this rank's memory (bytes, page-rounded length `mapped`)
+  std::byte* base = nullptr;  // this rank's memory: `bytes`, after one header page
   std::size_t bytes = 0;
-  std::size_t mapped = 0;
-  int fd = -1;           // the memfd until the peers have mapped it
-  std::uint64_t id = 0;  // allocation number in its communicator: the same on every rank
-  bool shared = false;   // every peer mapped it: the zero-copy allreduce may read it
-  bool alive = true;     // its communicator still exists
+  std::size_t mapped = 0;   // header page + bytes, page-rounded
+  std::uint64_t nonce = 0;  // written in the header: a peer checks it mapped the right file
+  int fd = -1;              // the memfd until the peers have mapped it
+  std::uint64_t id = 0;     // allocation number in its communicator: the same on every rank
+  bool shared = false;      // every peer mapped it: the zero-copy allreduce may read it
+  bool alive = true;        // its communicator still exists
   const RegionRegistry* owner = nullptr;
   std::vector<std::byte*> peer_base;     // by rank; this rank's own base at its index
   std::vector<std::size_t> peer_mapped;  // lengths to unmap
@@ -54,16 +60,19 @@ struct SharedRegion {
   SharedRegion& operator=(const SharedRegion&) = delete;
   ~SharedRegion() {
     release_peers();
-    if (base) ::munmap(base, mapped);
+    if (base) ::munmap(base - page_bytes(), mapped);
     if (fd >= 0) ::close(fd);
   }
 
-  // Creates this rank's memory: a memfd when the system has one (`shareable`), else private
-  // anonymous memory (a Buffer that works, read through the channel path).
-  void create(std::size_t n) {
+  static std::size_t page_bytes() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
+
+  // Creates this rank's memory: a memfd when the system has one, else private anonymous memory
+  // (a Buffer that works, reduced through the channels). The first page holds `nonce`.
+  void create(std::size_t n, std::uint64_t stamp) {
     bytes = n;
-    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    mapped = std::max<std::size_t>(page, (n + page - 1) / page * page);
+    nonce = stamp;
+    const std::size_t page = page_bytes();
+    mapped = page + std::max<std::size_t>(page, (n + page - 1) / page * page);
 #ifdef MFD_CLOEXEC
     fd = ::memfd_create("kolo-buffer", MFD_CLOEXEC);
 #endif
@@ -81,19 +90,32 @@ struct SharedRegion {
       throw Error("cannot allocate a kolo buffer of " + std::to_string(n) +
                   " bytes: " + net::errno_text(err));
     }
-    base = static_cast<std::byte*>(p);
+    std::memcpy(p, &nonce, sizeof(nonce));
+    base = static_cast<std::byte*>(p) + page;
   }
 
-  // Maps peer `rank`'s region (process `pid`, descriptor `peer_fd`, `len` bytes); false when
-  // the system does not let this process open it.
-  bool map_peer(int rank, long pid, long peer_fd, std::size_t len) {
+  // Maps peer `rank`'s region (process `pid`, descriptor `peer_fd`, `len` bytes mapped, stamped
+  // `peer_nonce`); false when the system does not let this process open it, or what it opened
+  // is not that region (a process id of another PID namespace, say).
+  bool map_peer(int rank, long pid, long peer_fd, std::size_t len, std::uint64_t peer_nonce) {
     const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(peer_fd);
     const int f = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (f < 0) return false;
+    struct stat st {};
+    if (::fstat(f, &st) != 0 || static_cast<std::size_t>(st.st_size) < len) {
+      ::close(f);
+      return false;
+    }
     void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
     ::close(f);
     if (p == MAP_FAILED) return false;
-    peer_base[static_cast<std::size_t>(rank)] = static_cast<std::byte*>(p);
+    std::uint64_t seen = 0;
+    std::memcpy(&seen, p, sizeof(seen));
+    if (seen != peer_nonce) {
+      ::munmap(p, len);
+      return false;
+    }
+    peer_base[static_cast<std::size_t>(rank)] = static_cast<std::byte*>(p) + page_bytes();
     peer_mapped[static_cast<std::size_t>(rank)] = len;
     return true;
   }
@@ -106,7 +128,9 @@ struct SharedRegion {
   // Unmaps the peers' regions (the communicator ends, or sharing failed somewhere).
   void release_peers() {
     for (std::size_t r = 0; r < peer_base.size(); ++r) {
-      if (peer_base[r] && peer_base[r] != base) ::munmap(peer_base[r], peer_mapped[r]);
+      if (peer_base[r] && peer_base[r] != base) {
+        ::munmap(peer_base[r] - page_bytes(), peer_mapped[r]);
+      }
       peer_base[r] = nullptr;
     }
     shared = false;
