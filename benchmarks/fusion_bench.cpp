@@ -28,6 +28,8 @@
 #include <kolo/engine/engine.hpp>
 #include <kolo/kolo.hpp>
 
+#include "size_arg.hpp"
+
 namespace {
 
 struct Args {
@@ -47,15 +49,7 @@ constexpr const char* kUsage =
     "                         [-J FILE]\n"
     "                         (under kolo-run)\n";
 
-std::size_t parse_bytes(const std::string& s) {
-  std::size_t pos = 0;
-  const unsigned long long v = std::stoull(s, &pos);
-  const std::string suf = s.substr(pos);
-  if (suf.empty()) return v;
-  if (suf == "K" || suf == "k") return v << 10;
-  if (suf == "M" || suf == "m") return v << 20;
-  throw std::invalid_argument("size suffix");
-}
+using kolo::bench::parse_bytes;
 
 Args parse(int argc, char** argv) {
   Args a;

@@ -28,19 +28,13 @@
 #include <kolo/engine/engine.hpp>
 #include <kolo/kolo.hpp>
 
+#include "size_arg.hpp"
+
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-std::size_t parse_bytes(const std::string& s) {
-  std::size_t pos = 0;
-  const unsigned long long v = std::stoull(s, &pos);
-  const std::string suf = s.substr(pos);
-  if (suf.empty()) return v;
-  if (suf == "K" || suf == "k") return v << 10;
-  if (suf == "M" || suf == "m") return v << 20;
-  throw std::invalid_argument("size suffix '" + suf + "'");
-}
+using kolo::bench::parse_bytes;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

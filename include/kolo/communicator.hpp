@@ -187,8 +187,12 @@ class Communicator {
   void allreduce(TensorView in, TensorView out, ReduceOp op = ReduceOp::sum);
   void allreduce(TensorView inout, ReduceOp op = ReduceOp::sum) { allreduce(inout, inout, op); }
   // In place on any contiguous range: comm.allreduce(vec), comm.allreduce(vec, ReduceOp::max).
+  // A Buffer from allocate() (its own checks first: see allocate below).
   template <ContiguousBuffer R>
   void allreduce(R&& inout, ReduceOp op = ReduceOp::sum) {
+    if constexpr (detail::is_buffer_v<std::remove_cvref_t<R>>) {
+      check_buffer(inout.region(), inout.size(), inout.size(), "allreduce");
+    }
     allreduce(buffer_view(inout), op);
   }
 
@@ -230,18 +234,9 @@ class Communicator {
       return false;
     }
   }
-  // Allreduce on Buffers: the whole Buffer, its first `count` elements, or out of place. The
-  // Buffer must come from this communicator (one whose communicator has ended, or another
-  // communicator's, is a ConfigError), and hold `count` elements.
-  template <class E>
-  void allreduce(Buffer<E>& inout, ReduceOp op = ReduceOp::sum) {
-    allreduce(inout, inout.size(), op);
-  }
-  template <class E>
-  void allreduce(Buffer<E>& inout, std::size_t count, ReduceOp op) {
-    check_buffer(inout.region(), inout.size(), count, "allreduce");
-    allreduce(TensorView(inout.data(), count, dtype_of<E>()), op);
-  }
+  // Allreduce on Buffers, out of place (in place: allreduce(buf) above, or buf.first(count)).
+  // A Buffer must come from this communicator (one whose communicator has ended, or another
+  // communicator's, is a ConfigError), and `out` must hold in.size() elements.
   template <class E>
   void allreduce(const Buffer<E>& in, Buffer<E>& out, ReduceOp op = ReduceOp::sum) {
     check_buffer(in.region(), in.size(), in.size(), "allreduce input");

@@ -134,7 +134,7 @@ TEST_CASE("zero copy: parts of Buffers, plain memory on some calls, and the size
   for (std::size_t count : {std::size_t{1023}, std::size_t{1024}, std::size_t{9999}}) {
     CAPTURE(count);
     fill(count);
-    comm.allreduce(buf, count, ReduceOp::sum);
+    comm.allreduce(buf.first(count), ReduceOp::sum);
     CHECK(comm.last_allreduce_zero_copy() == (zc && count * 4 >= 4096));
     CHECK(buf[0] == n * (n + 1) / 2);
     CHECK(buf[count - 1] == n * (n + 1) / 2);
@@ -156,17 +156,21 @@ TEST_CASE("zero copy: parts of Buffers, plain memory on some calls, and the size
 }
 
 TEST_CASE("zero copy: errors name the Buffer's problem") {
-  // Too small: every rank asks for more than it holds (the error reaches every rank anyway).
+  // Too small: a prefix longer than the Buffer (a local error, before any collective), and an
+  // output smaller than the input (ends the communicator on every rank, like any argument
+  // error; a rank still in the barrier gets it there).
   {
     auto comm = zero_copy_comm();
-    auto buf = comm.allocate<float>(10);
-    // The error ends the communicator on every rank; a rank still in the barrier gets it there.
+    auto in = comm.allocate<float>(10);
+    auto out = comm.allocate<float>(5);
+    CHECK_THROWS_WITH_AS(in.first(11), doctest::Contains("Buffer::first(11): the Buffer holds 10"),
+                         kolo::ConfigError);
     auto bad_call = [&] {
       comm.barrier();
-      comm.allreduce(buf, 11, ReduceOp::sum);
+      comm.allreduce(in, out);
     };
     CHECK_THROWS_WITH_AS(bad_call(),
-                         doctest::Contains("the Buffer holds 10 elements, the collective needs 11"),
+                         doctest::Contains("the Buffer holds 5 elements, the collective needs 10"),
                          kolo::Error);
   }
   // A Buffer whose communicator has ended: its memory is still the user's, a collective on it

@@ -200,6 +200,16 @@ class Buffer {
   // Its communicator still exists.
   bool valid() const { return region_ && region_->alive; }
 
+  // The first `count` elements, sharing this Buffer's memory (for a collective on a prefix:
+  // comm.allreduce(buf.first(n))). More than size() is a ConfigError naming both.
+  Buffer first(std::size_t count) const {
+    if (count > count_) {
+      throw ConfigError("Buffer::first(" + std::to_string(count) + "): the Buffer holds " +
+                        std::to_string(count_) + " elements");
+    }
+    return Buffer(region_, count);
+  }
+
   // The region behind it (Communicator's business).
   const std::shared_ptr<detail::SharedRegion>& region() const { return region_; }
   Buffer(std::shared_ptr<detail::SharedRegion> r, std::size_t count)
@@ -209,5 +219,12 @@ class Buffer {
   std::shared_ptr<detail::SharedRegion> region_;
   std::size_t count_ = 0;
 };
+
+namespace detail {
+template <class T>
+inline constexpr bool is_buffer_v = false;
+template <class E>
+inline constexpr bool is_buffer_v<Buffer<E>> = true;
+}  // namespace detail
 
 }  // namespace kolo
