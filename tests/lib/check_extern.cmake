@@ -31,7 +31,7 @@ foreach(line IN LISTS lines)
 endforeach()
 set(std "kolo::(Mesh|Routed|Shm|Tcp)Transport")
 foreach(name IN LISTS defined)
-  if(name MATCHES "^kolo::(Communicator|Engine)<${std}>::" OR name MATCHES "^kolo::MeshTransport::"
+  if(name MATCHES "^kolo::(Communicator|Engine|EngineCore)<${std}>::" OR name MATCHES "^kolo::MeshTransport::"
      OR name MATCHES "^kolo::Selector::" OR name MATCHES "^kolo::[a-z_]*(allreduce|broadcast)_[a-z_]*\\("
      OR name MATCHES "^kolo::(Bootstrap|Topology|CommunicatorOptions|Tuning|StoreClient|StoreServer|Timeline)::[a-z_]+\\("
      OR name MATCHES "^kolo::detail::(reduce_f16_simd|reduce_bf16_simd|cpu_has_|f32_to_|f16_to_|bf16_to_)")

@@ -62,7 +62,7 @@ TEST_CASE("compressed allreduce: within γ_n·Σ|x| + (2n-1)·η of the exact fp
     kolo::Engine<> engine(kolo::Communicator<>::from_env(), eo);
     const int n = engine.size(), me = engine.rank();
     const double gamma = n * w.u / (1 - n * w.u);
-    for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+    auto round = [&](ReduceOp op) {
       CAPTURE(static_cast<int>(op));
       // All tensors in flight together: the engine fuses them into one compressed buffer.
       std::vector<std::vector<float>> mine, out;
@@ -105,6 +105,14 @@ TEST_CASE("compressed allreduce: within γ_n·Σ|x| + (2n-1)·η of the exact fp
       CHECK(bad == 0);
       MESSAGE(std::string(w.name) << std::string(op == ReduceOp::sum ? " sum" : " average")
                                   << ", n = " << n << ": worst error / bound = " << worst);
+    };
+    round(ReduceOp::sum);
+    round(ReduceOp::average);
+    // On a loaded host the engine thread may take each submission in a cycle of its own (it wakes
+    // at the first); a few more rounds, values checked as before, until one is fused. Every rank
+    // runs the same number of rounds: the count of fused collectives is the same on all.
+    for (int more = 0; more < 20 && engine.stats().fused_collectives == 0; ++more) {
+      round(ReduceOp::sum);
     }
     CHECK(engine.stats().fused_collectives > 0);
   }

@@ -223,7 +223,10 @@ TEST_CASE("zero copy: the engine's fused batches go through the shared fusion bu
   const int n = engine.size(), me = engine.rank();
   const std::size_t tensors = 16, count = 3001;
   std::vector<std::vector<float>> in(tensors), out(tensors);
-  for (int step = 0; step < 3; ++step) {
+  // Three steps, and more (up to 20) until one is fused: on a loaded host the engine thread may
+  // take a step's first submissions in cycles of their own (it wakes at the first). Negotiation is
+  // replicated, so every rank counts the same fused batches and runs the same steps.
+  for (int step = 0; step < 3 || (step < 20 && engine.stats().fused_collectives == 0); ++step) {
     std::vector<kolo::Handle> hs;
     for (std::size_t t = 0; t < tensors; ++t) {
       in[t].assign(count, static_cast<float>((me + 1) * (t + 1) + step));
@@ -240,7 +243,7 @@ TEST_CASE("zero copy: the engine's fused batches go through the shared fusion bu
     }
   }
   const auto st = engine.stats();
-  CHECK(st.fused_collectives >= 3);
+  CHECK(st.fused_collectives >= 1);
   if (zc) {
     CHECK(st.zero_copy_collectives >= 1);
   } else {

@@ -9,7 +9,8 @@
 // communicator.hpp and engine/engine.hpp declare those instantiations `extern template`, so a
 // user's file compiles none of the collectives, algorithms or the transport: it calls them in
 // the library. Other transports (InprocTransport, MpiTransport, NcclTransport, a user's own)
-// are instantiated in the user's files as before.
+// are instantiated in the user's files as before; for their Engine<T>, a file includes
+// kolo/engine/engine_impl.hpp too (engine.hpp does not parse the engine's machinery here).
 //
 // Non-template code that is heavy to compile and cold at run time (the x86 vector kernels that
 // need <immintrin.h>, ...) lives in `detail/` headers. Header-only, the public headers include
