@@ -186,6 +186,18 @@ class Communicator {
   // ---- allreduce ----
   void allreduce(TensorView in, TensorView out, ReduceOp op = ReduceOp::sum);
   void allreduce(TensorView inout, ReduceOp op = ReduceOp::sum) { allreduce(inout, inout, op); }
+  // Allreduces `buf` in place and hands the result to `sink` as disjoint ranges of elements that
+  // cover it (BlockSink, algorithm/allreduce_zero_copy.hpp): for a caller that copies the result
+  // elsewhere anyway, as the Engine unpacks a fused batch into its tensors. When `buf` lies in
+  // memory the local peers map (a Buffer, the engine's fusion buffer) and the zero-copy path
+  // runs, the ranges point into each block's owner, one copy fewer than gathering into `buf`
+  // first; `buf` then holds only this rank's block of the result afterwards. Otherwise `buf`
+  // holds the whole result and the sink gets it as one range. The sink must not throw.
+  // With `own`, this rank's own block of the input (zero_copy_block(buf.count, rank(), size()))
+  // is read through it instead of from `buf`, which then need not hold that block: on the
+  // zero-copy path nobody else reads it, so the caller saves packing it; on any other path it
+  // is copied into `buf` first.
+  void allreduce_to(TensorView buf, ReduceOp op, BlockSink sink, BlockSource own = {});
   // In place on any contiguous range: comm.allreduce(vec), comm.allreduce(vec, ReduceOp::max).
   // A Buffer from allocate() (its own checks first: see allocate below).
   template <ContiguousBuffer R>
@@ -376,7 +388,9 @@ class Communicator {
   // Runs the zero-copy allreduce when in and out lie in shared regions (and the tensor is large
   // enough); false: the caller takes the usual path.
   bool try_zero_copy(const TensorView& in, const TensorView& out, ReduceOp op,
-                     const AlgoOptions& opt);
+                     const AlgoOptions& opt, BlockSink sink, BlockSource own);
+  // allreduce and allreduce_to: `sink` and `own` empty, or allreduce_to's.
+  void allreduce_impl(TensorView in, TensorView out, ReduceOp op, BlockSink sink, BlockSource own);
 
   // Up to this many bytes reduce() climbs a binomial tree; above, it runs the allreduce.
   static constexpr std::size_t kRootedTreeBytes = 64 * 1024;
@@ -515,6 +529,17 @@ Communicator<T>::Communicator(std::unique_ptr<T> transport, CommunicatorOptions 
 
 template <class T>
 void Communicator<T>::allreduce(TensorView in, TensorView out, ReduceOp op) {
+  allreduce_impl(in, out, op, BlockSink{}, BlockSource{});
+}
+
+template <class T>
+void Communicator<T>::allreduce_to(TensorView buf, ReduceOp op, BlockSink sink, BlockSource own) {
+  allreduce_impl(buf, buf, op, sink, own);
+}
+
+template <class T>
+void Communicator<T>::allreduce_impl(TensorView in, TensorView out, ReduceOp op, BlockSink sink,
+                                     BlockSource own) {
   run(Collective::allreduce, in.dtype, op, in.count, -1, 0, [&](const AlgoOptions& opt) {
     check_cpu(in, "allreduce input");
     check_cpu(out, "allreduce output");
@@ -525,12 +550,25 @@ void Communicator<T>::allreduce(TensorView in, TensorView out, ReduceOp op) {
     }
     check_overlap("allreduce", in, out, in.data);
     last_zero_copy_ = false;
-    if (try_zero_copy(in, out, op, opt)) return;
+    if (try_zero_copy(in, out, op, opt, sink, own)) return;
+    if (own) {  // the usual paths read the whole input from `in`: this rank's block goes there
+      std::size_t first, count;
+      zero_copy_block(in.count, rank(), size(), first, count);
+      const std::size_t es = dtype_size(in.dtype);
+      auto* dst = static_cast<std::byte*>(out.data) + first * es;
+      own.runs(first, count, [&](std::size_t at, std::size_t m, const std::byte* src) {
+        if (dst + at * es != src) std::memcpy(dst + at * es, src, m * es);
+      });
+    }
     if constexpr (HasNativeAllreduce<T>) {
       if (transport_->native_allreduce(in.data, out.data, in.count, in.dtype, op, opt)) return;
     }
     run_allreduce(in.data, out.data, in.count, in.dtype, op, opt);
   });
+  // The zero-copy path handed the blocks already; every other path left the result in `out`.
+  if (sink && !last_zero_copy_ && out.count > 0) {
+    sink(0, out.count, static_cast<const std::byte*>(out.data));
+  }
 }
 
 template <class T>
@@ -626,7 +664,7 @@ void Communicator<T>::check_buffer(const std::shared_ptr<detail::SharedRegion>& 
 
 template <class T>
 bool Communicator<T>::try_zero_copy(const TensorView& in, const TensorView& out, ReduceOp op,
-                                    const AlgoOptions& opt) {
+                                    const AlgoOptions& opt, BlockSink sink, BlockSource own) {
   if (!regions_ || in.count == 0 || in.bytes() < opts_.zero_copy_bytes) return false;
   detail::SharedRegion* ri = regions_->find(in.data, in.bytes());
   detail::SharedRegion* ro = ri ? regions_->find(out.data, out.bytes()) : nullptr;
@@ -658,6 +696,8 @@ bool Communicator<T>::try_zero_copy(const TensorView& in, const TensorView& out,
   a.count = in.count;
   a.dtype = in.dtype;
   a.op = op;
+  a.sink = sink;
+  a.own = own;
   allreduce_zero_copy(*transport_, a, zo);
   last_zero_copy_ = true;
   return true;

@@ -8,12 +8,14 @@
 // summation order is exact, so the checks are exact, and every rank must hold the same bits.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <kolo/engine/engine.hpp>
@@ -155,6 +157,73 @@ TEST_CASE("zero copy: parts of Buffers, plain memory on some calls, and the size
   CHECK(plain[4999] == n * (n + 1) / 2);
 }
 
+// What a BlockSink was handed: the ranges (first, count) in the order they came, and the values
+// copied out during each call (the memory may be a peer's, valid only then).
+struct Collected {
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  std::vector<std::int64_t> values;
+  static void take(void* ctx, std::size_t first, std::size_t count, const std::byte* src) {
+    auto& c = *static_cast<Collected*>(ctx);
+    c.ranges.emplace_back(first, count);
+    for (std::size_t i = 0; i < count; ++i) {
+      std::int64_t v;
+      std::memcpy(&v, src + i * sizeof(v), sizeof(v));
+      c.values[first + i] = v;
+    }
+  }
+};
+
+TEST_CASE("zero copy: allreduce_to hands every element once, from the owners' blocks") {
+  auto comm = zero_copy_comm();
+  const int n = comm.size(), me = comm.rank();
+  const bool zc = comm.zero_copy_routes();
+  for (std::size_t count : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{5},
+                            std::size_t{1000}, std::size_t{100003}}) {
+    for (bool buffer : {true, false}) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::average}) {
+        CAPTURE(count);
+        CAPTURE(buffer);
+        CAPTURE(static_cast<int>(op));
+        auto b = comm.allocate<std::int64_t>(count);
+        std::vector<std::int64_t> plain(count);
+        std::int64_t* data = buffer ? b.data() : plain.data();
+        // Rank r's element i: n * (i % 7 + 1) * (r + 1), so an average is exact.
+        for (std::size_t i = 0; i < count; ++i) {
+          data[i] = static_cast<std::int64_t>(n) * static_cast<std::int64_t>(i % 7 + 1) * (me + 1);
+        }
+        Collected c;
+        c.values.assign(count, -1);
+        comm.allreduce_to(TensorView(data, count, kolo::DataType::int64), op,
+                          kolo::BlockSink{&c, &Collected::take});
+        const bool took = buffer && zc;
+        CHECK(comm.last_allreduce_zero_copy() == took);
+        // Disjoint ranges covering [0, count): one range unless the blocks came from their owners.
+        std::vector<int> seen(count, 0);
+        for (auto [first, len] : c.ranges) {
+          REQUIRE(first + len <= count);
+          for (std::size_t i = first; i < first + len; ++i) ++seen[i];
+        }
+        CHECK(std::count(seen.begin(), seen.end(), 1) == static_cast<long>(count));
+        if (!took) CHECK(c.ranges.size() == 1);
+        if (took)
+          CHECK(c.ranges.size() == std::min<std::size_t>(count, static_cast<std::size_t>(n)));
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < count; ++i) {
+          const std::int64_t k =
+              static_cast<std::int64_t>(n) * static_cast<std::int64_t>(i % 7 + 1);
+          const std::int64_t want = op == ReduceOp::sum   ? k * n * (n + 1) / 2
+                                    : op == ReduceOp::max ? k * n
+                                                          : k * (n + 1) / 2;
+          if (c.values[i] != want && wrong++ < 3) {
+            FAIL_CHECK("[" << i << "] " << c.values[i] << " != " << want);
+          }
+        }
+        CHECK(wrong == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("zero copy: errors name the Buffer's problem") {
   // Too small: a prefix longer than the Buffer (a local error, before any collective), and an
   // output smaller than the input (ends the communicator on every rank, like any argument
@@ -221,7 +290,10 @@ TEST_CASE("zero copy: the engine's fused batches go through the shared fusion bu
   eo.compression = kolo::CompressionPolicy{};  // float32 equality (tcp/np2 sets fp16)
   kolo::Engine<> engine(std::move(comm), eo);
   const int n = engine.size(), me = engine.rank();
-  const std::size_t tensors = 16, count = 3001;
+  // Sizes that do not line up with the ranks' blocks: tensors straddle the block boundaries, and
+  // the unpack from the owners' blocks (Communicator::allreduce_to) must split them right.
+  const std::size_t tensors = 16;
+  auto count_of = [](std::size_t t) { return 1 + (t * 977 + 13) % 3001; };
   std::vector<std::vector<float>> in(tensors), out(tensors);
   // Three steps, and more (up to 20) until one is fused: on a loaded host the engine thread may
   // take a step's first submissions in cycles of their own (it wakes at the first). Negotiation is
@@ -229,8 +301,8 @@ TEST_CASE("zero copy: the engine's fused batches go through the shared fusion bu
   for (int step = 0; step < 3 || (step < 20 && engine.stats().fused_collectives == 0); ++step) {
     std::vector<kolo::Handle> hs;
     for (std::size_t t = 0; t < tensors; ++t) {
-      in[t].assign(count, static_cast<float>((me + 1) * (t + 1) + step));
-      out[t].assign(count, -1.0f);
+      in[t].assign(count_of(t), static_cast<float>((me + 1) * (t + 1) + step));
+      out[t].assign(count_of(t), -1.0f);
       hs.push_back(engine.allreduce_async("g" + std::to_string(t),
                                           TensorView(std::span<float>(in[t])), ReduceOp::average,
                                           1.0, 1.0, TensorView(std::span<float>(out[t]))));
@@ -238,8 +310,32 @@ TEST_CASE("zero copy: the engine's fused batches go through the shared fusion bu
     for (auto& h : hs) h.wait();
     for (std::size_t t = 0; t < tensors; ++t) {
       const float want = static_cast<float>((n + 1) * (t + 1)) / 2.0f + static_cast<float>(step);
-      CHECK(out[t].front() == want);
-      CHECK(out[t].back() == want);
+      CHECK(std::count(out[t].begin(), out[t].end(), want) == static_cast<long>(count_of(t)));
+    }
+  }
+  // Scaled batches: a postscale (the unpack multiplies) and a prescale (every block is packed,
+  // the own block too, since the tensors hold unscaled values). Sums of small integers times
+  // powers of two: exact.
+  for (auto [pre, post] : {std::pair{1.0, 0.25}, std::pair{2.0, 1.0}, std::pair{4.0, 0.5}}) {
+    CAPTURE(pre);
+    CAPTURE(post);
+    for (int step = 0; step < 2; ++step) {
+      std::vector<kolo::Handle> hs;
+      for (std::size_t t = 0; t < tensors; ++t) {
+        in[t].assign(count_of(t), static_cast<float>((me + 1) * (t + 1)));
+        out[t].assign(count_of(t), -1.0f);
+        hs.push_back(engine.allreduce_async("s" + std::to_string(t),
+                                            TensorView(std::span<float>(in[t])), ReduceOp::sum, pre,
+                                            post, TensorView(std::span<float>(out[t]))));
+      }
+      for (auto& h : hs) h.wait();
+      for (std::size_t t = 0; t < tensors; ++t) {
+        const float want = static_cast<float>(pre * post * (n * (n + 1) / 2) * (t + 1));
+        CHECK(std::count(out[t].begin(), out[t].end(), want) == static_cast<long>(count_of(t)));
+        // The inputs are read, never written.
+        CHECK(std::count(in[t].begin(), in[t].end(), static_cast<float>((me + 1) * (t + 1))) ==
+              static_cast<long>(count_of(t)));
+      }
     }
   }
   const auto st = engine.stats();

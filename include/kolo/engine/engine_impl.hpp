@@ -816,14 +816,35 @@ class EngineCore {
     fusion_.reserve(elems * es);
     prepack_offsets_.clear();
     prepack_begin_ = clock::now();
+    // This rank's own block is read from the tensors by the collective (own_inputs).
+    prepack_skipped_own_ = skips_own_block(*first);
+    std::size_t own_lo = 0, own_hi = 0;
+    if (prepack_skipped_own_) own_block_bytes(elems * es, es, own_lo, own_hi);
     std::size_t off = 0;
     for (std::size_t k : prepacked_) {
       const Local& l = cache_[k].local;
       prepack_offsets_.push_back(off);
-      pack_one(off, l.in, *first);
-      off += l.p.count * es;
+      const std::size_t b = l.p.count * es;
+      if (!(off >= own_lo && off + b <= own_hi)) pack_one(off, l.in, *first);
+      off += b;
     }
     prepack_end_ = clock::now();
+  }
+
+  // Whether a fused batch of these parameters leaves its tensors that lie wholly in this rank's
+  // own block unpacked: the collective reads them from the tensors (Communicator::allreduce_to
+  // with a BlockSource). On the zero-copy path no peer reads this rank's block, so packing it is
+  // a pass for nothing; elsewhere the Communicator copies it in, which is the same pass. Not with
+  // a prescale (the tensors hold unscaled values) or compression (another path).
+  bool skips_own_block(const RequestParams& p) const {
+    return size() > 1 && p.prescale == 1.0 && !compresses(p) && p.device == 0;
+  }
+  // Bytes [lo, hi) of a fused batch of `total` bytes that form this rank's block.
+  void own_block_bytes(std::size_t total, std::size_t es, std::size_t& lo, std::size_t& hi) const {
+    std::size_t first = 0, count = 0;
+    zero_copy_block(total / es, rank(), size(), first, count);
+    lo = first * es;
+    hi = (first + count) * es;
   }
 
   // Whether these operations' tensors lie back to back in memory, in this order, inputs and
@@ -958,6 +979,61 @@ class EngineCore {
     return TensorView(zeros_.data(), r.p->count, r.p->dtype);
   }
 
+  // The unpack of a fused batch by ranges of the fusion buffer (BlockSink): the part of each
+  // tensor inside [first, first + count) elements, copied from `src` into its output.
+  struct UnpackRanges {
+    const std::vector<Response>* responses;
+    const std::vector<std::size_t>* batch;
+    const std::size_t* offsets;  // bytes, by position in the batch, ascending
+    std::size_t es;
+    DataType dtype;
+    double postscale;
+    int divisor;
+    clock::time_point first;  // when the first range came: the timeline's UNPACK starts there
+
+    static void call(void* ctx, std::size_t first, std::size_t count, const std::byte* src) {
+      auto& u = *static_cast<UnpackRanges*>(ctx);
+      if (u.first == clock::time_point{}) u.first = clock::now();
+      const std::size_t lo = first * u.es, hi = (first + count) * u.es;
+      const std::size_t nb = u.batch->size();
+      // The last tensor starting at or before `lo` (zero-length ones share its offset).
+      std::size_t k =
+          static_cast<std::size_t>(std::upper_bound(u.offsets, u.offsets + nb, lo) - u.offsets);
+      k = k > 0 ? k - 1 : 0;
+      for (; k < nb && u.offsets[k] < hi; ++k) {
+        const Response& r = (*u.responses)[(*u.batch)[k]];
+        if (!r.local) continue;  // joined: nothing to write
+        const std::size_t tb = u.offsets[k], te = tb + r.p->count * u.es;
+        const std::size_t b = std::max(tb, lo), e = std::min(te, hi);
+        if (b >= e) continue;
+        detail::scaled_copy(static_cast<std::byte*>(r.local->out.data) + (b - tb), src + (b - lo),
+                            (e - b) / u.es, u.dtype, u.postscale, u.divisor);
+      }
+    }
+  };
+
+  // Where element `first` of a fused batch lies in its tensor's input (BlockSource), and how
+  // many elements follow it there: the collective reads this rank's own block through it.
+  struct OwnInputs {
+    const std::vector<Response>* responses;
+    const std::vector<std::size_t>* batch;
+    const std::size_t* offsets;
+    std::size_t es;
+
+    static const std::byte* call(void* ctx, std::size_t first, std::size_t& count) {
+      auto& o = *static_cast<OwnInputs*>(ctx);
+      const std::size_t at = first * o.es, nb = o.batch->size();
+      // The last tensor starting at or before `at`: it holds `at` (a zero-length tensor there
+      // is followed by one that starts there too).
+      const std::size_t k =
+          static_cast<std::size_t>(std::upper_bound(o.offsets, o.offsets + nb, at) - o.offsets) - 1;
+      const Response& r = (*o.responses)[(*o.batch)[k]];
+      const std::size_t end = o.offsets[k] + r.p->count * o.es;
+      count = std::min(count, (end - at) / o.es);
+      return static_cast<const std::byte*>(r.local->in.data) + (at - o.offsets[k]);
+    }
+  };
+
   void run_allreduce(std::vector<Response>& responses, const std::vector<std::size_t>& batch,
                      std::size_t bytes, int active) {
     const RequestParams& p = *responses[batch.front()].p;
@@ -1045,18 +1121,27 @@ class EngineCore {
     }
     auto t_pack = clock::now();
     auto t_coll = t_pack;
+    bool skipped_own = false;
     if (take_prepacked(responses, batch)) {
       t_pack = prepack_begin_;
       t_coll = prepack_end_;
+      skipped_own = prepack_skipped_own_;
     } else {
       fusion_.reserve(bytes);
       offsets_.clear();
+      skipped_own = skips_own_block(p) &&
+                    std::all_of(batch.begin(), batch.end(),
+                                [&](std::size_t j) { return responses[j].local != nullptr; });
+      std::size_t own_lo = 0, own_hi = 0;
+      if (skipped_own) own_block_bytes(bytes, es, own_lo, own_hi);
       std::size_t off = 0;
       for (std::size_t j : batch) {
         const Response& r = responses[j];
         offsets_.push_back(off);
         const std::size_t b = r.p->count * es;
-        if (r.local) {
+        if (skipped_own && off >= own_lo && off + b <= own_hi) {
+          // read in place by the collective (own_inputs)
+        } else if (r.local) {
           fusion_.pack(off, r.local->in, p.prescale);
         } else if (b > 0) {
           std::memset(fusion_.data() + off, 0, b);  // joined: zeros
@@ -1065,16 +1150,18 @@ class EngineCore {
       }
       t_coll = clock::now();
     }
-    comm_.allreduce(TensorView(fusion_.data(), bytes / es, p.dtype), post ? wire_op : p.op);
+    // The collective hands the result over block by block: on the zero-copy path straight from
+    // the owners' fusion buffers into the tensors, with no gather into this rank's buffer first.
+    UnpackRanges u{
+        &responses,         &batch, offsets_.data(), es, p.dtype, post ? p.postscale : 1.0,
+        post ? divisor : 1, {}};
+    OwnInputs own{&responses, &batch, offsets_.data(), es};
+    comm_.allreduce_to(TensorView(fusion_.data(), bytes / es, p.dtype), post ? wire_op : p.op,
+                       BlockSink{&u, &UnpackRanges::call},
+                       skipped_own ? BlockSource{&own, &OwnInputs::call} : BlockSource{});
     if (comm_.last_allreduce_zero_copy()) bump([](EngineStats& s) { ++s.zero_copy_collectives; });
-    const auto t_unpack = clock::now();
-    for (std::size_t k = 0; k < batch.size(); ++k) {
-      const Response& r = responses[batch[k]];
-      if (r.local) {
-        fusion_.unpack(offsets_[k], r.local->out, post ? p.postscale : 1.0, post ? divisor : 1);
-      }
-    }
     const auto t_end = clock::now();
+    const auto t_unpack = u.first == clock::time_point{} ? t_end : u.first;
     bump([](EngineStats& s) { ++s.fused_collectives; });
     for (std::size_t j : batch) {
       const Response& r = responses[j];
@@ -1589,6 +1676,7 @@ class EngineCore {
   std::vector<const Local*> locals_;
   std::vector<std::size_t> prepacked_, prepack_offsets_;  // prepack(): slots and their offsets
   clock::time_point prepack_begin_, prepack_end_;
+  bool prepack_skipped_own_ = false;  // prepack() left this rank's own block to the tensors
   std::vector<std::byte> zeros_;
   std::vector<cuda::FusionItem> device_items_;
   bool stamp_each_ = false;  // each submission reads the clock (for the timeline)
