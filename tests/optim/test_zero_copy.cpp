@@ -195,6 +195,31 @@ TEST_CASE("zero copy: allreduce_to hands every element once, from the owners' bl
         c.values.assign(count, -1);
         comm.allreduce_to(TensorView(data, count, kolo::DataType::int64), op,
                           kolo::BlockSink{&c, &Collected::take});
+        // The same with this rank's own block read through a BlockSource, in runs of at most 3
+        // elements, from a copy; `data` holds garbage there.
+        Collected c2;
+        c2.values.assign(count, -1);
+        if (op == ReduceOp::sum) {
+          std::vector<std::int64_t> mine(count);
+          for (std::size_t i = 0; i < count; ++i) {
+            mine[i] =
+                static_cast<std::int64_t>(n) * static_cast<std::int64_t>(i % 7 + 1) * (me + 1);
+            data[i] = mine[i];
+          }
+          std::size_t first = 0, len = 0;
+          kolo::zero_copy_block(count, me, n, first, len);
+          for (std::size_t i = first; i < first + len; ++i) data[i] = 1000003;
+          auto run_of = [](void* ctx, std::size_t at, std::size_t& cnt) -> const std::byte* {
+            cnt = std::min<std::size_t>(cnt, 3 - at % 3);
+            return reinterpret_cast<const std::byte*>(static_cast<std::int64_t*>(ctx) + at);
+          };
+          comm.allreduce_to(TensorView(data, count, kolo::DataType::int64), op,
+                            kolo::BlockSink{&c2, &Collected::take},
+                            kolo::BlockSource{mine.data(), run_of});
+          CHECK(comm.last_allreduce_zero_copy() == (buffer && zc));
+          CHECK(c2.values == c.values);
+          CHECK(std::count(mine.begin(), mine.end(), 1000003) == 0);  // read, not written
+        }
         const bool took = buffer && zc;
         CHECK(comm.last_allreduce_zero_copy() == took);
         // Disjoint ranges covering [0, count): one range unless the blocks came from their owners.
