@@ -17,6 +17,10 @@ script measures, interleaved (the order rotates every repeat):
   kolo ring       the flat ring forced (KOLO_ALLREDUCE=ring:0-max), for comparison
   gloo            Gloo's ring allreduce through kolo-bench --impl gloo, when built with Gloo
 
+With --base-build DIR (the build of another checkout, e.g. the commit before a change), the kolo
+cases also run with that build's kolo-bench, as "base kolo" and "base kolo fp16", interleaved
+with the others: a before/after in one run.
+
 and then, on the root namespace's loopback, N = 2 over TCP, kolo with and without fp16 (5
 iterations after one warm-up).
 
@@ -44,6 +48,7 @@ PREFIX = "klink"
 SUBNET = "10.77.21"
 PORT = 29611
 ALGOS = {}  # case -> the algorithms kolo-bench reported
+BASE_BUILD = None  # --base-build: the build the "base ..." cases run
 
 
 def parse_size(text):
@@ -145,6 +150,9 @@ def raw_tcp(streams, nbytes, duplex):
 
 def allreduce(build, case, size, iters, hosts=True, warmup=0):
     """Seconds per allreduce (kolo-bench's out-of-place time), or None where not available."""
+    label = case
+    if case.startswith("base "):
+        build, case = BASE_BUILD, case[len("base "):]
     run = os.path.join(build, "backends", "local", "kolo-run")
     bench = os.path.join(build, "benchmarks", "kolo-bench")
     env = dict(os.environ, KOLO_TIMEOUT_SECONDS="300")
@@ -171,7 +179,7 @@ def allreduce(build, case, size, iters, hosts=True, warmup=0):
         raise SystemExit(f"link_rate.py: {case} failed (exit {p.returncode})")
     algo = re.search(r"Algorithm by size : %d B (\S+)" % size, p.stdout)
     if algo:
-        ALGOS.setdefault(case if hosts else case + " loopback", set()).add(algo.group(1))
+        ALGOS.setdefault(label if hosts else label + " loopback", set()).add(algo.group(1))
     for line in p.stdout.splitlines():
         f = re.sub(r"^\[0\]\s*", "", line).split()
         if f and f[0] == str(size):
@@ -203,12 +211,18 @@ def main():
     ap.add_argument("--size", default="64M")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--no-gloo", action="store_true")
+    ap.add_argument("--base-build", default=None,
+                    help="another checkout's build: its kolo cases run too, as 'base ...'")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("link_rate.py: needs root (network namespaces, tc)")
     build = os.path.abspath(a.build)
     size = parse_size(a.size)
     cases = ["kolo", "kolo fp16", "kolo ring"] + ([] if a.no_gloo else ["gloo"])
+    if a.base_build:
+        global BASE_BUILD
+        BASE_BUILD = os.path.abspath(a.base_build)
+        cases += ["base kolo", "base kolo fp16"]
     print(f"cpus: {os.cpu_count()}; load before: {open('/proc/loadavg').read().split()[:3]}")
     netns("up", PREFIX, "2")
     results = {}

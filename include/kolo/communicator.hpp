@@ -257,12 +257,11 @@ class Communicator {
               TensorView(out.data(), in.size(), dtype_of<E>()), op);
   }
 
-  // Whether allreduce_compressed of `count` elements converts on the wire (the ring, or one
-  // rank's round trip) on this communicator; false: it takes the compress / allreduce /
-  // decompress passes.
+  // Whether allreduce_compressed of `count` elements converts on the wire (the ring, the
+  // hierarchical allreduce across hosts of equal rank counts, or one rank's round trip) on this
+  // communicator; false: it takes the compress / allreduce / decompress passes.
   bool compresses_on_wire(std::size_t count, const CompressionPolicy& wire) const {
-    return size() == 1 || selector_.select<AllreduceAlgorithm>(count * dtype_size(wire.wire)) ==
-                              AllreduceAlgorithm::ring;
+    return size() == 1 || wire_algorithm(count, wire) != WirePath::passes;
   }
 
   // ---- allgather / allgatherv ----
@@ -460,6 +459,16 @@ class Communicator {
   CommunicatorOptions opts_;
   std::uint64_t seq_ = 0;
   std::vector<std::byte> scratch_;
+  // allreduce_compressed's path for `count` elements (the same on every rank).
+  enum class WirePath : std::uint8_t { ring, hierarchical, passes };
+  WirePath wire_algorithm(std::size_t count, const CompressionPolicy& wire) const {
+    const auto a = selector_.select<AllreduceAlgorithm>(count * dtype_size(wire.wire));
+    if (a == AllreduceAlgorithm::ring) return WirePath::ring;
+    if (a == AllreduceAlgorithm::hierarchical && groups_.uniform && groups_.hosts > 1) {
+      return WirePath::hierarchical;
+    }
+    return WirePath::passes;
+  }
   std::vector<std::byte> wire_buffer_;     // allreduce_compressed off the ring: the 16-bit copy
   std::vector<std::byte> reduce_scratch_;  // a non-root's discarded result of a large reduce
   std::shared_ptr<detail::RegionRegistry> regions_;  // allocate(): this communicator's Buffers
@@ -730,10 +739,17 @@ void Communicator<T>::allreduce_compressed(TensorView in, TensorView out, Reduce
     check_overlap("allreduce_compressed", in, out, in.data);
     const auto* src = static_cast<const float*>(in.data);
     auto* dst = static_cast<float*>(out.data);
-    if (compresses_on_wire(in.count, wire)) {
+    const WirePath path = size() == 1 ? WirePath::ring : wire_algorithm(in.count, wire);
+    if (path == WirePath::ring) {
       allreduce_ring_wire(*transport_, src, dst, in.count, wire, op == ReduceOp::average, opt,
                           scratch_);
       last_allreduce_ = AllreduceAlgorithm::ring;
+      return;
+    }
+    if (path == WirePath::hierarchical) {
+      allreduce_hierarchical_wire(*transport_, groups_, src, dst, in.count, wire,
+                                  op == ReduceOp::average, opt, scratch_);
+      last_allreduce_ = AllreduceAlgorithm::hierarchical;
       return;
     }
     wire_buffer_.resize(in.count * dtype_size(wire.wire));

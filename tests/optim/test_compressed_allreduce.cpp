@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
@@ -137,17 +138,25 @@ TEST_CASE("compressed allreduce: fp16 overflows to Inf; a predivide factor keeps
   for (float x : b) CHECK(x == doctest::Approx(40000.0).epsilon(n * 0x1p-11));
 }
 
-// Communicator::allreduce_compressed, both of its paths: the ring converting on the wire
-// (forced, so every size takes it) and the compress / allreduce / decompress passes (the
-// Selector forced to another algorithm). Small segments cut the blocks into many messages.
+// Communicator::allreduce_compressed, each of its paths: the ring converting on the wire
+// (forced, so every size takes it), the compress / allreduce / decompress passes (the Selector
+// forced to another algorithm) and, where the ranks are on several hosts of equal rank counts
+// (tests/netns: keyed/compressed/*), the hierarchical allreduce converting on the wire in each
+// of its three rings. Small segments cut the blocks into many messages.
 TEST_CASE("allreduce_compressed: exact where the wire is exact, bounded otherwise, same bits") {
   auto co = kolo::CommunicatorOptions::from_env();
   co.segment_bytes = 512;  // 256 16-bit elements per message: blocks of many segments
   kolo::Communicator<> comm(kolo::Topology::from_env(), co);
   const int n = comm.size(), me = comm.rank();
   const std::size_t counts[] = {0, 1, 2, 3, 5, 255, 256, 257, 1000, 4099, 70001};
-  const kolo::AllreduceAlgorithm algos[] = {kolo::AllreduceAlgorithm::ring,
-                                            kolo::AllreduceAlgorithm::recursive_doubling};
+  const bool hosts = comm.host_groups().hosts > 1 && comm.host_groups().uniform;
+  if (const char* want = std::getenv("KOLO_TEST_EXPECT_HOSTS")) {
+    REQUIRE(comm.host_groups().hosts == std::atoi(want));
+    REQUIRE(hosts);
+  }
+  std::vector<kolo::AllreduceAlgorithm> algos = {kolo::AllreduceAlgorithm::ring,
+                                                 kolo::AllreduceAlgorithm::recursive_doubling};
+  if (hosts) algos.push_back(kolo::AllreduceAlgorithm::hierarchical);
   const Wire wires[] = {{"fp16", 0x1p-11, 0x1p-25}, {"bf16", 0x1p-8, 0x1p-134}};
   for (const Wire& w : wires) {
     const CompressionPolicy c = CompressionPolicy::parse(w.name);
@@ -157,7 +166,9 @@ TEST_CASE("allreduce_compressed: exact where the wire is exact, bounded otherwis
     for (const auto algo : algos) {
       comm.selector().force_allreduce(algo);
       double worst = 0;  // largest error / bound seen on this path
-      CHECK(comm.compresses_on_wire(1000, c) == (n == 1 || algo == kolo::AllreduceAlgorithm::ring));
+      const bool on_wire = n == 1 || algo == kolo::AllreduceAlgorithm::ring ||
+                           algo == kolo::AllreduceAlgorithm::hierarchical;
+      CHECK(comm.compresses_on_wire(1000, c) == on_wire);
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
         for (bool in_place : {false, true}) {
           for (std::size_t count : counts) {
@@ -167,17 +178,19 @@ TEST_CASE("allreduce_compressed: exact where the wire is exact, bounded otherwis
             CAPTURE(static_cast<int>(op));
             CAPTURE(in_place);
             CAPTURE(count);
-            // Exact: small integers, every partial sum and the average representable.
+            // Exact: small integers, every partial sum (at most 3n² <= 256 up to n = 9, the
+            // integers bfloat16 holds exactly) and the average representable.
+            auto small = [&](int r, std::size_t i) { return n * static_cast<int>((r + i) % 4); };
             std::vector<float> a(count), out(count, -7.0f);
-            for (std::size_t i = 0; i < count; ++i) {
-              a[i] = static_cast<float>((me + 1) * static_cast<int>(i % 13)) * n;
-            }
+            for (std::size_t i = 0; i < count; ++i) a[i] = static_cast<float>(small(me, i));
             float* dst = in_place ? a.data() : out.data();
             comm.allreduce_compressed(TensorView(std::span<float>(a)),
                                       TensorView(dst, count, kolo::DataType::float32), op, c);
+            if (n > 1 && on_wire) CHECK(comm.last_allreduce_algorithm() == algo);
             std::size_t wrong = 0;
             for (std::size_t i = 0; i < count; ++i) {
-              const double s = static_cast<double>(n) * (n * (n + 1) / 2) * (i % 13);
+              double s = 0;
+              for (int r = 0; r < n; ++r) s += small(r, i);
               const double want = op == ReduceOp::average ? s / n : s;
               if (dst[i] != want && wrong++ < 3)
                 FAIL_CHECK("[" << i << "] " << dst[i] << " != " << want);
@@ -217,7 +230,9 @@ TEST_CASE("allreduce_compressed: exact where the wire is exact, bounded otherwis
           }
         }
       }
-      const std::string path = algo == kolo::AllreduceAlgorithm::ring ? "on the wire" : "in passes";
+      const std::string path = algo == kolo::AllreduceAlgorithm::ring           ? "on the wire"
+                               : algo == kolo::AllreduceAlgorithm::hierarchical ? "hierarchical"
+                                                                                : "in passes";
       MESSAGE(std::string(w.name) << " " << path << ", n = " << n
                                   << ": worst error / bound = " << worst);
     }

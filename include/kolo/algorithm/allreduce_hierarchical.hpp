@@ -34,6 +34,7 @@
 #include "kolo/algorithm/options.hpp"
 #include "kolo/algorithm/ring_allgather.hpp"
 #include "kolo/algorithm/ring_allreduce.hpp"
+#include "kolo/algorithm/ring_allreduce_wire.hpp"
 #include "kolo/algorithm/ring_pipeline.hpp"
 #include "kolo/core/reduce.hpp"
 #include "kolo/transport/transport_ref.hpp"
@@ -155,6 +156,64 @@ void allreduce_hierarchical(TransportRef t, const HostGroups& g, const void* in,
         (*static_cast<std::remove_reference_t<Cross>*>(c))(group, block, n, inner);
       },
       const_cast<void*>(static_cast<const void*>(&cross)), opt);
+}
+
+// The hierarchical allreduce of float32 with its messages in a 16-bit wire type (fp16/bf16), no
+// pass of its own over the tensor: each step is a ring of run_ring_wire, converting segment by
+// segment as it sends and widening as it receives.
+//  1. Inside each host, the reduce-scatter: partial sums travel in the wire type and are folded
+//     into a float32 accumulator; local rank i ends with block i summed over its host, float32.
+//  2. Across hosts, allreduce_ring_wire of block i among the ranks with local rank i: the
+//     block's owner in that ring divides by the whole rank count (average) and rounds it to the
+//     wire type, so every member ends with the same wire values, widened.
+//  3. Inside each host, the allgather in the wire type: the blocks are wire values already, so
+//     the conversions are exact and every rank ends with the same bits.
+// Rounding: at most L - 1 + H - 1 roundings of partial sums (the host's, then the ring's) and
+// one of the result, as allreduce_ring_wire over L·H ranks. Hosts must be uniform.
+inline void allreduce_hierarchical_wire(TransportRef t, const HostGroups& g, const float* in,
+                                        float* out, std::size_t count, const CompressionPolicy& c,
+                                        bool average, const AlgoOptions& opt,
+                                        std::vector<std::byte>& scratch) {
+  const WireSlots ws(c, opt, scratch);
+  if (count == 0) return;
+  if (!g.uniform) {
+    throw Error("allreduce_hierarchical: hosts have different rank counts (use a flat algorithm)");
+  }
+  const int L = g.local_size();
+  GroupView host(t, g.local);
+  const int lr = host.rank();
+  auto block = [&](int b) { return even_block(count, L, mod(b, L)); };
+
+  // 1. Reduce-scatter inside the host (allreduce_hierarchical's schedule): at stage s send block
+  //    lr-s-1 and fold block lr-s-2 into out, so the last block folded is lr.
+  std::vector<WireStage> stages;
+  if (L == 1) {
+    if (in != out) std::memcpy(out, in, count * sizeof(float));
+  } else {
+    for (int s = 0; s < L - 1; ++s) {
+      const BlockRange sb = block(lr - s - 1), rb = block(lr - s - 2);
+      stages.push_back(
+          {(s == 0 ? in : out) + sb.begin, sb.count, out + rb.begin, in + rb.begin, rb.count});
+    }
+    run_ring_wire(host, stages, kNoFinish, 1, c, opt, ws);
+  }
+
+  // 2. Across hosts: block lr over the ranks holding it everywhere; its owner there divides by
+  //    the rank count of the whole allreduce and rounds.
+  const BlockRange own = block(lr);
+  GroupView peers(t, g.cross);
+  allreduce_ring_wire_divided(peers, out + own.begin, out + own.begin, own.count, c,
+                              average ? t.size() : 1, opt, ws);
+
+  // 3. Allgather inside the host: at stage u send block lr-u (ours first), receive lr-u-1.
+  if (L > 1) {
+    stages.clear();
+    for (int u = 0; u < L - 1; ++u) {
+      const BlockRange sb = block(lr - u), rb = block(lr - u - 1);
+      stages.push_back({out + sb.begin, sb.count, out + rb.begin, nullptr, rb.count});
+    }
+    run_ring_wire(host, stages, kNoFinish, 1, c, opt, ws);
+  }
 }
 
 namespace cost {

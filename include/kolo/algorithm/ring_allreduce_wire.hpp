@@ -45,70 +45,81 @@ namespace kolo {
 inline constexpr std::size_t kWireSegmentBytes = 64 * 1024;
 inline constexpr std::size_t kWireWindow = 4;
 
-// in/out: `count` float32 elements (may be the same buffer). `c`: the wire conversion (enabled,
-// 2-byte wire type). `average`: divide by the rank count (ReduceOp::average), else sum.
-// `scratch` grows to the staging slots (2 · kWireWindow + 3 segments).
-inline void allreduce_ring_wire(TransportRef t, const float* in, float* out, std::size_t count,
-                                const CompressionPolicy& c, bool average, const AlgoOptions& opt,
-                                std::vector<std::byte>& scratch) {
-  const std::size_t wes = dtype_size(c.wire);
-  if (!c.enabled() || wes == 0) {
-    throw ConfigError("allreduce over a wire type: no compression given");
+// One stage of a ring whose messages travel in a 16-bit wire type, in float32 elements: send
+// `send_count` elements from `send` to the right neighbour, receive `recv_count` from the left
+// one into `recv` — folded (recv = local + incoming) where `local` is set, else recv = incoming.
+struct WireStage {
+  const float* send;
+  std::size_t send_count;
+  float* recv;
+  const float* local;
+  std::size_t recv_count;
+};
+
+// Where a wire ring stages its messages: a few segments each way, cut from `scratch`.
+class WireSlots {
+ public:
+  WireSlots(const CompressionPolicy& c, const AlgoOptions& opt, std::vector<std::byte>& scratch)
+      : c_(c), wes_(dtype_size(c.wire)) {
+    if (!c.enabled() || wes_ == 0) {
+      throw ConfigError("allreduce over a wire type: no compression given");
+    }
+    // Segment: the pipelining unit in wire bytes, at most kWireSegmentBytes so that the staging
+    // slots stay in the L2 cache (about 0.6 MiB in all); the messages are that size.
+    const std::size_t segb = std::min(opt.segment_bytes, kWireSegmentBytes);
+    seg = std::max<std::size_t>(1, segb / wes_);
+    seg_w = seg * wes_;
+    rwin = std::clamp<std::size_t>(opt.recv_window, 1, kWireWindow);
+    swin = kWireWindow;
+    // Layout: [send slots][recv slots][wire temp][float32 temp].
+    const std::size_t need = (swin + rwin + 1) * seg_w + seg * sizeof(float);
+    if (scratch.size() < need) scratch.resize(need);
+    send_slots = scratch.data();
+    recv_slots = send_slots + swin * seg_w;
+    wire_tmp = recv_slots + rwin * seg_w;
+    f32_tmp = reinterpret_cast<float*>(wire_tmp + seg_w);
   }
-  if (count == 0) return;
-  const int n = t.size();
-  const int r = t.rank();
-  // Segment: the pipelining unit in wire bytes, at most kWireSegmentBytes so that the staging
-  // slots stay in the L2 cache (about 0.6 MiB in all); the messages are that size.
-  const std::size_t segb = std::min(opt.segment_bytes, kWireSegmentBytes);
-  const std::size_t seg = std::max<std::size_t>(1, segb / wes);  // elements
-  const std::size_t seg_w = seg * wes;                           // wire bytes
-  const std::size_t rwin = std::clamp<std::size_t>(opt.recv_window, 1, kWireWindow);
-  const std::size_t swin = kWireWindow;
-  // Layout: [send slots][recv slots][float32 temp][wire temp].
-  const std::size_t need = (swin + rwin + 1) * seg_w + seg * sizeof(float);
-  if (scratch.size() < need) scratch.resize(need);
-  std::byte* send_slots = scratch.data();
-  std::byte* recv_slots = send_slots + swin * seg_w;
-  std::byte* wire_tmp = recv_slots + rwin * seg_w;
-  auto* f32_tmp = reinterpret_cast<float*>(wire_tmp + seg_w);
 
   // Rounds [p, p+len) to the wire type and back, in cache-sized pieces.
-  auto round_trip = [&](float* p, std::size_t len) {
+  void round_trip(float* p, std::size_t len) const {
     for (std::size_t i = 0; i < len; i += seg) {
       const std::size_t k = std::min(seg, len - i);
-      c.compress(p + i, wire_tmp, k, 1.0f);
-      c.decompress(wire_tmp, p + i, k, 1.0f);
+      c_.compress(p + i, wire_tmp, k, 1.0f);
+      c_.decompress(wire_tmp, p + i, k, 1.0f);
     }
-  };
-  if (n == 1) {
-    if (in != out) std::memcpy(out, in, count * sizeof(float));
-    round_trip(out, count);
-    return;
   }
 
-  // The stages in elements: reduce-scatter (send block r-s, fold block r-s-1 into out), then
-  // allgather (send block r+1-u, receive block r-u), as in allreduce_ring.
-  struct Stage {
-    const float* send;
-    std::size_t send_count;
-    float* recv;
-    const float* local;  // reduce-scatter: out = local + incoming; nullptr: out = incoming
-    std::size_t recv_count;
-  };
-  std::vector<Stage> stages;
-  stages.reserve(static_cast<std::size_t>(2 * (n - 1)));
-  auto block = [&](int b) { return even_block(count, n, mod(b, n)); };
-  for (int s = 0; s < n - 1; ++s) {
-    const BlockRange sb = block(r - s), rb = block(r - s - 1);
-    stages.push_back(
-        {(s == 0 ? in : out) + sb.begin, sb.count, out + rb.begin, in + rb.begin, rb.count});
-  }
-  for (int u = 0; u < n - 1; ++u) {
-    const BlockRange sb = block(r + 1 - u), rb = block(r - u);
-    stages.push_back({out + sb.begin, sb.count, out + rb.begin, nullptr, rb.count});
-  }
-  const std::size_t last_rs = static_cast<std::size_t>(n - 2);
+  std::size_t wire_size() const { return wes_; }
+
+  std::size_t seg = 0, seg_w = 0, rwin = 0, swin = 0;  // elements, wire bytes, slots each way
+  std::byte* send_slots = nullptr;
+  std::byte* recv_slots = nullptr;
+  std::byte* wire_tmp = nullptr;
+  float* f32_tmp = nullptr;
+
+ private:
+  const CompressionPolicy& c_;
+  std::size_t wes_;
+};
+
+// run_ring_wire's finish_stage when no stage finishes.
+inline constexpr std::size_t kNoFinish = static_cast<std::size_t>(-1);
+
+// Runs `stages` in order around the ring of `t` (rank r sends to r+1 and receives from r-1),
+// every block cut into segments and pipelined: a segment is converted into a send slot just
+// before it is sent, and a received one is widened (and folded) into place while it is in cache.
+// Segment j of stage s is sent once segment j of stage s-1 has landed, so a stage's send block
+// must be the block the stage before received (stage 0's is ready before the call). The pieces
+// of stage `finish_stage` (none: kNoFinish) are finished as they land: divided by `divisor`
+// (when > 1), then rounded to the wire type and back.
+inline void run_ring_wire(TransportRef t, const std::vector<WireStage>& stages,
+                          std::size_t finish_stage, int divisor, const CompressionPolicy& c,
+                          const AlgoOptions& opt, const WireSlots& ws) {
+  const int n = t.size();
+  const int r = t.rank();
+  if (n == 1 || stages.empty()) return;
+  const std::size_t seg = ws.seg, seg_w = ws.seg_w, rwin = ws.rwin, swin = ws.swin;
+  const std::size_t wes = ws.wire_size();
   const std::size_t nst = stages.size();
   auto segs = [&](std::size_t elems) {
     return elems == 0 ? std::size_t{1} : (elems + seg - 1) / seg;
@@ -132,25 +143,25 @@ inline void allreduce_ring_wire(TransportRef t, const float* in, float* out, std
   std::size_t recv_posted = 0, recv_done = 0, send_posted = 0;
   std::size_t send_stage = 0, send_seg = 0, recv_stage = 0;
 
-  // A received segment, still in its slot: widen it into place (adding to the accumulator in
-  // the reduce-scatter), then finish the owned block (average, rounding) after its last fold.
+  // A received segment, still in its slot: widen it into place (adding to the accumulator where
+  // the stage folds), then finish it if its stage is the finishing one.
   auto land = [&](const Pending& p) {
-    const Stage& st = stages[p.stage];
+    const WireStage& st = stages[p.stage];
     const std::size_t off = p.seg * seg;
     const std::size_t len = piece(st.recv_count, p.seg);
     if (len == 0) return;
-    const std::byte* w = recv_slots + p.slot * seg_w;
+    const std::byte* w = ws.recv_slots + p.slot * seg_w;
     float* dst = st.recv + off;
     if (st.local != nullptr) {
-      c.decompress(w, f32_tmp, len, 1.0f);
-      add(dst, st.local + off, f32_tmp, len);
-      if (p.stage == last_rs) {
-        if (average) finish_average(dst, len, DataType::float32, n);
-        c.compress(dst, wire_tmp, len, 1.0f);
-        c.decompress(wire_tmp, dst, len, 1.0f);
-      }
+      c.decompress(w, ws.f32_tmp, len, 1.0f);
+      add(dst, st.local + off, ws.f32_tmp, len);
     } else {
       c.decompress(w, dst, len, 1.0f);
+    }
+    if (p.stage == finish_stage) {
+      finish_average(dst, len, DataType::float32, divisor);
+      c.compress(dst, ws.wire_tmp, len, 1.0f);
+      c.decompress(ws.wire_tmp, dst, len, 1.0f);
     }
   };
 
@@ -168,16 +179,16 @@ inline void allreduce_ring_wire(TransportRef t, const float* in, float* out, std
       const std::size_t slot = recv_posted % rwin;
       const std::size_t len = piece(stages[recv_stage].recv_count, j);
       recvs.push_back(
-          {recv_stage, j, slot, t.irecv(left, recv_slots + slot * seg_w, len * wes, opt.sig)});
+          {recv_stage, j, slot, t.irecv(left, ws.recv_slots + slot * seg_w, len * wes, opt.sig)});
       ++recv_posted;
     }
     // Post the sends whose data is ready (stage 0 at once; stage t segment j once stage t-1
     // segment j has landed) while a staging slot is free.
     while (send_stage < nst && sends.size() < swin) {
       if (send_stage > 0 && recv_off[send_stage - 1] + send_seg >= recv_done) break;
-      const Stage& st = stages[send_stage];
+      const WireStage& st = stages[send_stage];
       const std::size_t len = piece(st.send_count, send_seg);
-      std::byte* slot = send_slots + (send_posted % swin) * seg_w;
+      std::byte* slot = ws.send_slots + (send_posted % swin) * seg_w;
       if (len > 0) c.compress(st.send + send_seg * seg, slot, len, 1.0f);
       sends.push_back({send_stage, send_seg, 0, t.isend(right, slot, len * wes, opt.sig)});
       ++send_posted;
@@ -189,6 +200,50 @@ inline void allreduce_ring_wire(TransportRef t, const float* in, float* out, std
     if (recv_done == recv_total && send_stage == nst && sends.empty()) return;
     t.wait_any_progress(opt.deadline);
   }
+}
+
+// in/out: `count` float32 elements (may be the same buffer). `c`: the wire conversion (enabled,
+// 2-byte wire type). Each block's owner divides its finished block by `divisor` (when > 1; the
+// rank count for ReduceOp::average, or the size of a larger group this ring is part of) before
+// rounding it. `ws`: the staging slots (WireSlots over a scratch vector, 2 · kWireWindow + 3
+// segments).
+inline void allreduce_ring_wire_divided(TransportRef t, const float* in, float* out,
+                                        std::size_t count, const CompressionPolicy& c, int divisor,
+                                        const AlgoOptions& opt, const WireSlots& ws) {
+  if (count == 0) return;
+  const int n = t.size();
+  const int r = t.rank();
+  if (n == 1) {
+    if (in != out) std::memcpy(out, in, count * sizeof(float));
+    finish_average(out, count, DataType::float32, divisor);
+    ws.round_trip(out, count);
+    return;
+  }
+  // The stages in elements: reduce-scatter (send block r-s, fold block r-s-1 into out), then
+  // allgather (send block r+1-u, receive block r-u), as in allreduce_ring.
+  std::vector<WireStage> stages;
+  stages.reserve(static_cast<std::size_t>(2 * (n - 1)));
+  auto block = [&](int b) { return even_block(count, n, mod(b, n)); };
+  for (int s = 0; s < n - 1; ++s) {
+    const BlockRange sb = block(r - s), rb = block(r - s - 1);
+    stages.push_back(
+        {(s == 0 ? in : out) + sb.begin, sb.count, out + rb.begin, in + rb.begin, rb.count});
+  }
+  for (int u = 0; u < n - 1; ++u) {
+    const BlockRange sb = block(r + 1 - u), rb = block(r - u);
+    stages.push_back({out + sb.begin, sb.count, out + rb.begin, nullptr, rb.count});
+  }
+  run_ring_wire(t, stages, static_cast<std::size_t>(n - 2), divisor, c, opt, ws);
+}
+
+// in/out: `count` float32 elements (may be the same buffer). `c`: the wire conversion (enabled,
+// 2-byte wire type; anything else is a ConfigError). `scratch` grows to the staging slots.
+// `average`: divide by the rank count (ReduceOp::average), else sum.
+inline void allreduce_ring_wire(TransportRef t, const float* in, float* out, std::size_t count,
+                                const CompressionPolicy& c, bool average, const AlgoOptions& opt,
+                                std::vector<std::byte>& scratch) {
+  const WireSlots ws(c, opt, scratch);
+  allreduce_ring_wire_divided(t, in, out, count, c, average ? t.size() : 1, opt, ws);
 }
 
 }  // namespace kolo
