@@ -86,6 +86,11 @@ struct CommunicatorOptions {
   // Allreduces of at least this many bytes on Buffers the local peers map (allocate()) read
   // them in place (KOLO_ZERO_COPY_BYTES); below, three barriers cost more than the copies save.
   std::size_t zero_copy_bytes = 256 * 1024;
+  // The hierarchical allreduce (several hosts) cuts a tensor of at least twice this many bytes
+  // into chunks of about this size and overlaps each chunk's ring across hosts with the rings
+  // inside the host of its neighbours (KOLO_HIERARCHICAL_CHUNK_BYTES; 0: no chunks). Every rank
+  // must use the same value.
+  std::size_t hierarchical_chunk_bytes = 4 << 20;
   // Deprecated (KOLO_SMALL_ALLREDUCE_BYTES): recursive doubling up to this many bytes, ring
   // above — the fixed rule the Selector replaced. Ignored when allreduce_rules are given.
   std::optional<std::size_t> small_allreduce_bytes;
@@ -430,6 +435,7 @@ class Communicator {
     opt.sig.extra = extra;
     opt.deadline = Deadline::after(transport_->timeout_seconds());
     opt.segment_bytes = opts_.segment_bytes;
+    opt.hierarchical_chunk_bytes = opts_.hierarchical_chunk_bytes;
     if (size() == 1 || c == Collective::barrier) {
       try {
         body(opt);

@@ -146,6 +146,8 @@ TEST_CASE("compressed allreduce: fp16 overflows to Inf; a predivide factor keeps
 TEST_CASE("allreduce_compressed: exact where the wire is exact, bounded otherwise, same bits") {
   auto co = kolo::CommunicatorOptions::from_env();
   co.segment_bytes = 512;  // 256 16-bit elements per message: blocks of many segments
+  // The hierarchical path pipelined from 512 elements on (1000 in 3 chunks, 70001 in 256).
+  co.hierarchical_chunk_bytes = 1024;
   kolo::Communicator<> comm(kolo::Topology::from_env(), co);
   const int n = comm.size(), me = comm.rank();
   const std::size_t counts[] = {0, 1, 2, 3, 5, 255, 256, 257, 1000, 4099, 70001};

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -94,6 +95,250 @@ struct HostGroups {
 using CrossAllreduce = void (*)(void* ctx, TransportRef group, void* block, std::size_t count,
                                 DataType dtype, ReduceOp op, const AlgoOptions& opt);
 
+namespace detail {
+
+// How many chunks the pipelined hierarchical allreduce cuts `bytes` into (1: not pipelined).
+inline std::size_t hierarchical_chunks(std::size_t bytes, const AlgoOptions& opt) {
+  if (opt.hierarchical_chunk_bytes == 0) return 1;
+  return std::clamp<std::size_t>(bytes / opt.hierarchical_chunk_bytes, 1, 256);
+}
+
+// Drives `a` to its end, giving `b` (when set) a turn at every step: two rings on disjoint peers
+// (one inside the host, one across hosts) progress together, and the rank sleeps only when
+// neither can move.
+template <class A, class B>
+void drive_together(TransportRef t, A& a, std::optional<B>* b, const AlgoOptions& opt) {
+  for (;;) {
+    const bool done = a.progress();
+    if (b != nullptr && b->has_value()) (*b)->progress();
+    if (done) return;
+    t.wait_any_progress(opt.deadline);
+  }
+}
+
+// The pipelined schedule over K chunks; each step on this rank in a fixed order, the same on
+// every rank (a host's peers see its rings in one order, and so do its peers across hosts):
+//   RS(0); start X(0);
+//   for k in 1..K-1: RS(k) while X(k-1) runs; finish X(k-1); start X(k); AG(k-1) while X(k) runs
+//   finish X(K-1); AG(K-1)
+// RS/AG: the reduce-scatter / allgather of a chunk inside the host; X: the ring across hosts of
+// this rank's block of the chunk. At most one ring inside the host and one across hosts are in
+// flight, so each channel carries one ring's messages at a time, in the same order at both ends.
+// `P` provides rs(k, cross), cross_start(k), cross_finish(k) and ag(k, cross), where `cross` is
+// the std::optional holding the running X.
+template <class P>
+void hierarchical_pipeline(std::size_t chunks, P& p) {
+  p.rs(0, false);
+  p.cross_start(0);
+  for (std::size_t k = 1; k < chunks; ++k) {
+    p.rs(k, true);
+    p.cross_finish(k - 1);
+    p.cross_start(k);
+    p.ag(k - 1, true);
+  }
+  p.cross_finish(chunks - 1);
+  p.ag(chunks - 1, false);
+}
+
+// The block of local rank b within chunk k (elements, from the tensor's start).
+inline BlockRange chunk_block(std::size_t count, std::size_t chunks, std::size_t k, int L, int b) {
+  const BlockRange c = even_block(count, static_cast<int>(chunks), static_cast<int>(k));
+  const BlockRange r = even_block(c.count, L, mod(b, L));
+  return {c.begin + r.begin, r.count};
+}
+
+// The host's ring reduce-scatter (ring_reduce_scatter's schedule on uneven blocks) as stages of
+// `Stage` (RingStage in bytes, WireStage in elements: `unit` bytes or 1 per element): at stage s
+// send block lr-s-1 and fold block lr-s-2 into dst, so the last block folded is lr.
+// `block(b)`: local block b's range in elements.
+template <class Stage, class In, class Out, class Block>
+void host_reduce_scatter_stages(std::vector<Stage>& st, In src, Out dst, std::size_t unit, int L,
+                                int lr, const Block& block) {
+  st.clear();
+  for (int s = 0; s < L - 1; ++s) {
+    const BlockRange sb = block(lr - s - 1), rb = block(lr - s - 2);
+    st.push_back({(s == 0 ? src : dst) + sb.begin * unit, sb.count * unit, dst + rb.begin * unit,
+                  src + rb.begin * unit, rb.count * unit});
+  }
+}
+
+// The host's ring allgather, in place, as stages: at stage u send block lr-u (this rank's
+// first), receive block lr-u-1.
+template <class Stage, class Out, class Block>
+void host_allgather_stages(std::vector<Stage>& st, Out dst, std::size_t unit, int L, int lr,
+                           const Block& block) {
+  st.clear();
+  for (int u = 0; u < L - 1; ++u) {
+    const BlockRange sb = block(lr - u), rb = block(lr - u - 1);
+    st.push_back(
+        {dst + sb.begin * unit, sb.count * unit, dst + rb.begin * unit, nullptr, rb.count * unit});
+  }
+}
+
+// The pipelined hierarchical allreduce for any dtype and op: ring reduce-scatter and allgather
+// inside the host, a ring allreduce across hosts (average divided after it, once).
+class HierarchicalRingPipeline {
+ public:
+  HierarchicalRingPipeline(TransportRef t, const HostGroups& g, const std::byte* src,
+                           std::byte* dst, std::size_t count, DataType dtype, ReduceOp op,
+                           std::size_t chunks, const AlgoOptions& opt)
+      : t_(t),
+        host_(t, g.local),
+        peers_(t, g.cross),
+        src_(src),
+        dst_(dst),
+        count_(count),
+        dtype_(dtype),
+        average_(op == ReduceOp::average),
+        es_(dtype_size(dtype)),
+        rs_{reduce_function(dtype, op == ReduceOp::average ? ReduceOp::sum : op), es_},
+        chunks_(chunks),
+        L_(g.local_size()),
+        lr_(host_.rank()),
+        opt_(opt) {}
+
+  void rs(std::size_t k, bool with_cross) {
+    if (L_ == 1) {
+      const BlockRange c = block(k, 0);
+      if (src_ != dst_) std::memcpy(dst_ + c.begin * es_, src_ + c.begin * es_, c.count * es_);
+      return;
+    }
+    host_reduce_scatter_stages(local_stages_, src_, dst_, es_, L_, lr_,
+                               [&](int b) { return block(k, b); });
+    run_local(with_cross);
+  }
+
+  void cross_start(std::size_t k) {
+    const BlockRange own = block(k, lr_);
+    if (peers_.size() == 1 || own.count == 0) return;
+    std::byte* b = dst_ + own.begin * es_;
+    cross_stages_ = ring_allreduce_stages(peers_.rank(), peers_.size(), b, b, own.count, es_);
+    cross_.emplace(peers_, cross_stages_, rs_, opt_);
+  }
+
+  void cross_finish(std::size_t k) {
+    if (cross_.has_value()) {
+      while (!cross_->progress()) t_.wait_any_progress(opt_.deadline);
+      cross_.reset();
+    }
+    const BlockRange own = block(k, lr_);
+    if (average_) finish_average(dst_ + own.begin * es_, own.count, dtype_, t_.size());
+  }
+
+  void ag(std::size_t k, bool with_cross) {
+    if (L_ == 1) return;
+    host_allgather_stages(local_stages_, dst_, es_, L_, lr_, [&](int b) { return block(k, b); });
+    run_local(with_cross);
+  }
+
+ private:
+  BlockRange block(std::size_t k, int b) const { return chunk_block(count_, chunks_, k, L_, b); }
+  void run_local(bool with_cross) {
+    RingRun local(host_, local_stages_, rs_, opt_);
+    drive_together(t_, local, with_cross ? &cross_ : nullptr, opt_);
+  }
+
+  TransportRef t_;
+  GroupView host_, peers_;
+  const std::byte* src_;
+  std::byte* dst_;
+  std::size_t count_;
+  DataType dtype_;
+  bool average_;
+  std::size_t es_;
+  ReduceSpec rs_;
+  std::size_t chunks_;
+  int L_, lr_;
+  const AlgoOptions& opt_;
+  std::vector<RingStage> local_stages_, cross_stages_;
+  std::optional<RingRun> cross_;
+};
+
+// The same for float32 with 16-bit messages in all three rings (allreduce_hierarchical_wire).
+class HierarchicalWirePipeline {
+ public:
+  HierarchicalWirePipeline(TransportRef t, const HostGroups& g, const float* in, float* out,
+                           std::size_t count, bool average, std::size_t chunks,
+                           const AlgoOptions& opt, const WireSlots& local_ws,
+                           const WireSlots& cross_ws)
+      : t_(t),
+        host_(t, g.local),
+        peers_(t, g.cross),
+        in_(in),
+        out_(out),
+        count_(count),
+        divisor_(average ? t.size() : 1),
+        chunks_(chunks),
+        L_(g.local_size()),
+        lr_(host_.rank()),
+        opt_(opt),
+        local_ws_(local_ws),
+        cross_ws_(cross_ws) {}
+
+  void rs(std::size_t k, bool with_cross) {
+    if (L_ == 1) {
+      const BlockRange c = block(k, 0);
+      if (in_ != out_) std::memcpy(out_ + c.begin, in_ + c.begin, c.count * sizeof(float));
+      return;
+    }
+    // Partial sums travel in the wire type and are folded into float32 accumulators.
+    host_reduce_scatter_stages(local_stages_, in_, out_, 1, L_, lr_,
+                               [&](int b) { return block(k, b); });
+    run_local(with_cross);
+  }
+
+  void cross_start(std::size_t k) {
+    const BlockRange own = block(k, lr_);
+    if (own.count == 0) return;
+    float* b = out_ + own.begin;
+    if (peers_.size() == 1) {  // one host: the owner's division and rounding only
+      finish_average(b, own.count, DataType::float32, divisor_);
+      cross_ws_.round_trip(b, own.count);
+      return;
+    }
+    // The block's owner in the ring across hosts divides by the whole rank count and rounds.
+    cross_stages_ = ring_allreduce_wire_stages(peers_.rank(), peers_.size(), b, b, own.count);
+    cross_.emplace(peers_, cross_stages_, static_cast<std::size_t>(peers_.size() - 2), divisor_,
+                   opt_, cross_ws_);
+  }
+
+  void cross_finish(std::size_t) {
+    if (!cross_.has_value()) return;
+    while (!cross_->progress()) t_.wait_any_progress(opt_.deadline);
+    cross_.reset();
+  }
+
+  void ag(std::size_t k, bool with_cross) {
+    if (L_ == 1) return;
+    // The blocks are wire values already: the conversions are exact.
+    host_allgather_stages(local_stages_, out_, 1, L_, lr_, [&](int b) { return block(k, b); });
+    run_local(with_cross);
+  }
+
+ private:
+  BlockRange block(std::size_t k, int b) const { return chunk_block(count_, chunks_, k, L_, b); }
+  void run_local(bool with_cross) {
+    WireRingRun local(host_, local_stages_, kNoFinish, 1, opt_, local_ws_);
+    drive_together(t_, local, with_cross ? &cross_ : nullptr, opt_);
+  }
+
+  TransportRef t_;
+  GroupView host_, peers_;
+  const float* in_;
+  float* out_;
+  std::size_t count_;
+  int divisor_;
+  std::size_t chunks_;
+  int L_, lr_;
+  const AlgoOptions& opt_;
+  const WireSlots& local_ws_;
+  const WireSlots& cross_ws_;
+  std::vector<WireStage> local_stages_, cross_stages_;
+  std::optional<WireRingRun> cross_;
+};
+
+}  // namespace detail
+
 inline void allreduce_hierarchical(TransportRef t, const HostGroups& g, const void* in, void* out,
                                    std::size_t count, DataType dtype, ReduceOp op,
                                    CrossAllreduce cross, void* cross_ctx, const AlgoOptions& opt) {
@@ -103,6 +348,14 @@ inline void allreduce_hierarchical(TransportRef t, const HostGroups& g, const vo
   if (count == 0) return;
   if (!g.uniform) {
     throw Error("allreduce_hierarchical: hosts have different rank counts (use a flat algorithm)");
+  }
+  const std::size_t chunks = detail::hierarchical_chunks(count * es, opt);
+  if (chunks > 1 && g.cross.size() > 1) {
+    // Large: pipelined in chunks, the ring across hosts (the bandwidth-optimal flat algorithm
+    // at these sizes) overlapping the rings inside the host.
+    detail::HierarchicalRingPipeline p(t, g, src, dst, count, dtype, op, chunks, opt);
+    detail::hierarchical_pipeline(chunks, p);
+    return;
   }
   const int L = g.local_size();
   const ReduceOp inner_op = op == ReduceOp::average ? ReduceOp::sum : op;
@@ -118,11 +371,7 @@ inline void allreduce_hierarchical(TransportRef t, const HostGroups& g, const vo
     if (src != dst) std::memcpy(dst, src, count * es);
   } else {
     std::vector<RingStage> stages;
-    for (int s = 0; s < L - 1; ++s) {
-      const BlockRange sb = block(lr - s - 1), rb = block(lr - s - 2);
-      stages.push_back({(s == 0 ? src : dst) + sb.begin * es, sb.count * es, dst + rb.begin * es,
-                        src + rb.begin * es, rb.count * es});
-    }
+    detail::host_reduce_scatter_stages(stages, src, dst, es, L, lr, block);
     run_ring(host, stages, rs, opt);
   }
 
@@ -159,61 +408,33 @@ void allreduce_hierarchical(TransportRef t, const HostGroups& g, const void* in,
 }
 
 // The hierarchical allreduce of float32 with its messages in a 16-bit wire type (fp16/bf16), no
-// pass of its own over the tensor: each step is a ring of run_ring_wire, converting segment by
+// pass of its own over the tensor: each step is a wire ring (WireRingRun), converting segment by
 // segment as it sends and widening as it receives.
 //  1. Inside each host, the reduce-scatter: partial sums travel in the wire type and are folded
 //     into a float32 accumulator; local rank i ends with block i summed over its host, float32.
-//  2. Across hosts, allreduce_ring_wire of block i among the ranks with local rank i: the
+//  2. Across hosts, the wire ring allreduce of block i among the ranks with local rank i: the
 //     block's owner in that ring divides by the whole rank count (average) and rounds it to the
 //     wire type, so every member ends with the same wire values, widened.
 //  3. Inside each host, the allgather in the wire type: the blocks are wire values already, so
 //     the conversions are exact and every rank ends with the same bits.
-// Rounding: at most L - 1 + H - 1 roundings of partial sums (the host's, then the ring's) and
-// one of the result, as allreduce_ring_wire over L·H ranks. Hosts must be uniform.
+// A tensor of at least 2 · opt.hierarchical_chunk_bytes (float32 bytes) is cut into chunks and
+// pipelined as the float32 hierarchical allreduce is. Rounding: at most L - 1 + H - 1 roundings
+// of partial sums (the host's, then the ring's) and one of the result, as allreduce_ring_wire
+// over L·H ranks. Hosts must be uniform. `scratch` grows to two sets of staging slots.
 inline void allreduce_hierarchical_wire(TransportRef t, const HostGroups& g, const float* in,
                                         float* out, std::size_t count, const CompressionPolicy& c,
                                         bool average, const AlgoOptions& opt,
                                         std::vector<std::byte>& scratch) {
-  const WireSlots ws(c, opt, scratch);
+  WireSlots::reserve(c, opt, scratch, 2);
+  const WireSlots local_ws(c, opt, scratch, 0), cross_ws(c, opt, scratch, 1);
   if (count == 0) return;
   if (!g.uniform) {
     throw Error("allreduce_hierarchical: hosts have different rank counts (use a flat algorithm)");
   }
-  const int L = g.local_size();
-  GroupView host(t, g.local);
-  const int lr = host.rank();
-  auto block = [&](int b) { return even_block(count, L, mod(b, L)); };
-
-  // 1. Reduce-scatter inside the host (allreduce_hierarchical's schedule): at stage s send block
-  //    lr-s-1 and fold block lr-s-2 into out, so the last block folded is lr.
-  std::vector<WireStage> stages;
-  if (L == 1) {
-    if (in != out) std::memcpy(out, in, count * sizeof(float));
-  } else {
-    for (int s = 0; s < L - 1; ++s) {
-      const BlockRange sb = block(lr - s - 1), rb = block(lr - s - 2);
-      stages.push_back(
-          {(s == 0 ? in : out) + sb.begin, sb.count, out + rb.begin, in + rb.begin, rb.count});
-    }
-    run_ring_wire(host, stages, kNoFinish, 1, c, opt, ws);
-  }
-
-  // 2. Across hosts: block lr over the ranks holding it everywhere; its owner there divides by
-  //    the rank count of the whole allreduce and rounds.
-  const BlockRange own = block(lr);
-  GroupView peers(t, g.cross);
-  allreduce_ring_wire_divided(peers, out + own.begin, out + own.begin, own.count, c,
-                              average ? t.size() : 1, opt, ws);
-
-  // 3. Allgather inside the host: at stage u send block lr-u (ours first), receive lr-u-1.
-  if (L > 1) {
-    stages.clear();
-    for (int u = 0; u < L - 1; ++u) {
-      const BlockRange sb = block(lr - u), rb = block(lr - u - 1);
-      stages.push_back({out + sb.begin, sb.count, out + rb.begin, nullptr, rb.count});
-    }
-    run_ring_wire(host, stages, kNoFinish, 1, c, opt, ws);
-  }
+  const std::size_t chunks = detail::hierarchical_chunks(count * sizeof(float), opt);
+  detail::HierarchicalWirePipeline p(t, g, in, out, count, average, chunks, opt, local_ws,
+                                     cross_ws);
+  detail::hierarchical_pipeline(chunks, p);
 }
 
 namespace cost {

@@ -21,6 +21,10 @@ struct AlgoOptions {
   // The double tree's segment (0: derived from the size alone). Must be the same on every rank;
   // the Communicator sets it from the Selector's measured constants (Selector::tree_segment).
   std::size_t tree_segment_bytes = 0;
+  // The hierarchical allreduce's pipelining unit: a tensor of at least twice this many bytes is
+  // cut into chunks of about this size, and the ring across hosts of one chunk runs while the
+  // rings inside the host run for its neighbours (0: no chunks). The same on every rank.
+  std::size_t hierarchical_chunk_bytes = 4 << 20;
 };
 
 // Elements [begin, begin+count) of block b when `total` elements are split into n blocks as

@@ -56,28 +56,37 @@ struct WireStage {
   std::size_t recv_count;
 };
 
-// Where a wire ring stages its messages: a few segments each way, cut from `scratch`.
+// Where a wire ring stages its messages: a few segments each way, cut from `scratch`. Two rings
+// that run at once need two regions (`region` 0 and 1; size the scratch for both with
+// reserve() before making the first).
 class WireSlots {
  public:
-  WireSlots(const CompressionPolicy& c, const AlgoOptions& opt, std::vector<std::byte>& scratch)
+  WireSlots(const CompressionPolicy& c, const AlgoOptions& opt, std::vector<std::byte>& scratch,
+            std::size_t region = 0)
       : c_(c), wes_(dtype_size(c.wire)) {
     if (!c.enabled() || wes_ == 0) {
       throw ConfigError("allreduce over a wire type: no compression given");
     }
     // Segment: the pipelining unit in wire bytes, at most kWireSegmentBytes so that the staging
     // slots stay in the L2 cache (about 0.6 MiB in all); the messages are that size.
-    const std::size_t segb = std::min(opt.segment_bytes, kWireSegmentBytes);
-    seg = std::max<std::size_t>(1, segb / wes_);
+    seg = segment(opt, wes_);
     seg_w = seg * wes_;
     rwin = std::clamp<std::size_t>(opt.recv_window, 1, kWireWindow);
     swin = kWireWindow;
+    const std::size_t need = bytes(opt, wes_);
+    if (scratch.size() < (region + 1) * need) scratch.resize((region + 1) * need);
     // Layout: [send slots][recv slots][wire temp][float32 temp].
-    const std::size_t need = (swin + rwin + 1) * seg_w + seg * sizeof(float);
-    if (scratch.size() < need) scratch.resize(need);
-    send_slots = scratch.data();
+    send_slots = scratch.data() + region * need;
     recv_slots = send_slots + swin * seg_w;
     wire_tmp = recv_slots + rwin * seg_w;
     f32_tmp = reinterpret_cast<float*>(wire_tmp + seg_w);
+  }
+
+  // Grows `scratch` to hold `regions` regions at once.
+  static void reserve(const CompressionPolicy& c, const AlgoOptions& opt,
+                      std::vector<std::byte>& scratch, std::size_t regions) {
+    const std::size_t need = regions * bytes(opt, dtype_size(c.wire));
+    if (scratch.size() < need) scratch.resize(need);
   }
 
   // Rounds [p, p+len) to the wire type and back, in cache-sized pieces.
@@ -90,6 +99,7 @@ class WireSlots {
   }
 
   std::size_t wire_size() const { return wes_; }
+  const CompressionPolicy& policy() const { return c_; }
 
   std::size_t seg = 0, seg_w = 0, rwin = 0, swin = 0;  // elements, wire bytes, slots each way
   std::byte* send_slots = nullptr;
@@ -98,6 +108,17 @@ class WireSlots {
   float* f32_tmp = nullptr;
 
  private:
+  static std::size_t segment(const AlgoOptions& opt, std::size_t wes) {
+    return std::max<std::size_t>(1, std::min(opt.segment_bytes, kWireSegmentBytes) / wes);
+  }
+  static std::size_t bytes(const AlgoOptions& opt, std::size_t wes) {
+    const std::size_t seg = segment(opt, std::max<std::size_t>(wes, 1));
+    const std::size_t rwin = std::clamp<std::size_t>(opt.recv_window, 1, kWireWindow);
+    const std::size_t align = alignof(std::max_align_t);
+    const std::size_t raw = (kWireWindow + rwin + 1) * seg * wes + seg * sizeof(float);
+    return (raw + align - 1) / align * align;
+  }
+
   const CompressionPolicy& c_;
   std::size_t wes_;
 };
@@ -112,115 +133,130 @@ inline constexpr std::size_t kNoFinish = static_cast<std::size_t>(-1);
 // must be the block the stage before received (stage 0's is ready before the call). The pieces
 // of stage `finish_stage` (none: kNoFinish) are finished as they land: divided by `divisor`
 // (when > 1), then rounded to the wire type and back.
-inline void run_ring_wire(TransportRef t, const std::vector<WireStage>& stages,
-                          std::size_t finish_stage, int divisor, const CompressionPolicy& c,
-                          const AlgoOptions& opt, const WireSlots& ws) {
-  const int n = t.size();
-  const int r = t.rank();
-  if (n == 1 || stages.empty()) return;
-  const std::size_t seg = ws.seg, seg_w = ws.seg_w, rwin = ws.rwin, swin = ws.swin;
-  const std::size_t wes = ws.wire_size();
-  const std::size_t nst = stages.size();
-  auto segs = [&](std::size_t elems) {
-    return elems == 0 ? std::size_t{1} : (elems + seg - 1) / seg;
-  };
-  auto piece = [&](std::size_t elems, std::size_t j) {
-    const std::size_t off = j * seg;
-    return std::min(seg, elems - std::min(off, elems));
-  };
-  std::vector<std::size_t> recv_off(nst + 1, 0);
-  for (std::size_t s = 0; s < nst; ++s) recv_off[s + 1] = recv_off[s] + segs(stages[s].recv_count);
-  const std::size_t recv_total = recv_off[nst];
+//
+// As an object: progress() does whatever needs no waiting and says whether the ring is done, so
+// that rings on disjoint peers can progress in one loop (the pipelined hierarchical allreduce);
+// run_ring_wire waits between calls. `stages`, `opt` and `ws` must outlive it.
+class WireRingRun {
+ public:
+  WireRingRun(TransportRef t, const std::vector<WireStage>& stages, std::size_t finish_stage,
+              int divisor, const AlgoOptions& opt, const WireSlots& ws)
+      : t_(t),
+        stages_(stages),
+        finish_stage_(finish_stage),
+        divisor_(divisor),
+        opt_(opt),
+        ws_(ws),
+        right_(mod(t.rank() + 1, t.size())),
+        left_(mod(t.rank() - 1, t.size())),
+        recv_off_(stages.size() + 1, 0) {
+    for (std::size_t s = 0; s < stages_.size(); ++s) {
+      recv_off_[s + 1] = recv_off_[s] + segs(stages_[s].recv_count);
+    }
+  }
 
-  const ReduceFn add = reduce_function(DataType::float32, ReduceOp::sum);
-  const int right = mod(r + 1, n);
-  const int left = mod(r - 1, n);
+  bool progress() {
+    const std::size_t nst = stages_.size();
+    if (t_.size() == 1 || nst == 0) return true;
+    const std::size_t recv_total = recv_off_[nst];
+    const CompressionPolicy& c = ws_.policy();
+    const std::size_t seg = ws_.seg, seg_w = ws_.seg_w, wes = ws_.wire_size();
+    // Retire receives in posting order (the transport completes them in that order).
+    while (!recvs_.empty() && t_.done(recvs_.front().req)) {
+      land(recvs_.front());
+      recvs_.pop_front();
+      ++recv_done_;
+    }
+    while (!sends_.empty() && t_.done(sends_.front().req)) sends_.pop_front();
+    while (recv_posted_ < recv_total && recv_posted_ - recv_done_ < ws_.rwin) {
+      while (recv_off_[recv_stage_ + 1] <= recv_posted_) ++recv_stage_;
+      const std::size_t j = recv_posted_ - recv_off_[recv_stage_];
+      const std::size_t slot = recv_posted_ % ws_.rwin;
+      const std::size_t len = piece(stages_[recv_stage_].recv_count, j);
+      recvs_.push_back({recv_stage_, j, slot,
+                        t_.irecv(left_, ws_.recv_slots + slot * seg_w, len * wes, opt_.sig)});
+      ++recv_posted_;
+    }
+    // Post the sends whose data is ready (stage 0 at once; stage t segment j once stage t-1
+    // segment j has landed) while a staging slot is free.
+    while (send_stage_ < nst && sends_.size() < ws_.swin) {
+      if (send_stage_ > 0 && recv_off_[send_stage_ - 1] + send_seg_ >= recv_done_) break;
+      const WireStage& st = stages_[send_stage_];
+      const std::size_t len = piece(st.send_count, send_seg_);
+      std::byte* slot = ws_.send_slots + (send_posted_ % ws_.swin) * seg_w;
+      if (len > 0) c.compress(st.send + send_seg_ * seg, slot, len, 1.0f);
+      sends_.push_back({send_stage_, send_seg_, 0, t_.isend(right_, slot, len * wes, opt_.sig)});
+      ++send_posted_;
+      if (++send_seg_ == segs(st.send_count)) {
+        send_seg_ = 0;
+        ++send_stage_;
+      }
+    }
+    return recv_done_ == recv_total && send_stage_ == nst && sends_.empty();
+  }
+
+ private:
   struct Pending {
     std::size_t stage, seg, slot;
     TransportRef::Request req;
   };
-  std::deque<Pending> recvs, sends;
-  std::size_t recv_posted = 0, recv_done = 0, send_posted = 0;
-  std::size_t send_stage = 0, send_seg = 0, recv_stage = 0;
-
+  std::size_t segs(std::size_t elems) const {
+    return elems == 0 ? std::size_t{1} : (elems + ws_.seg - 1) / ws_.seg;
+  }
+  std::size_t piece(std::size_t elems, std::size_t j) const {
+    const std::size_t off = j * ws_.seg;
+    return std::min(ws_.seg, elems - std::min(off, elems));
+  }
   // A received segment, still in its slot: widen it into place (adding to the accumulator where
   // the stage folds), then finish it if its stage is the finishing one.
-  auto land = [&](const Pending& p) {
-    const WireStage& st = stages[p.stage];
-    const std::size_t off = p.seg * seg;
+  void land(const Pending& p) {
+    const CompressionPolicy& c = ws_.policy();
+    const WireStage& st = stages_[p.stage];
+    const std::size_t off = p.seg * ws_.seg;
     const std::size_t len = piece(st.recv_count, p.seg);
     if (len == 0) return;
-    const std::byte* w = ws.recv_slots + p.slot * seg_w;
+    const std::byte* w = ws_.recv_slots + p.slot * ws_.seg_w;
     float* dst = st.recv + off;
     if (st.local != nullptr) {
-      c.decompress(w, ws.f32_tmp, len, 1.0f);
-      add(dst, st.local + off, ws.f32_tmp, len);
+      c.decompress(w, ws_.f32_tmp, len, 1.0f);
+      add_(dst, st.local + off, ws_.f32_tmp, len);
     } else {
       c.decompress(w, dst, len, 1.0f);
     }
-    if (p.stage == finish_stage) {
-      finish_average(dst, len, DataType::float32, divisor);
-      c.compress(dst, ws.wire_tmp, len, 1.0f);
-      c.decompress(ws.wire_tmp, dst, len, 1.0f);
+    if (p.stage == finish_stage_) {
+      finish_average(dst, len, DataType::float32, divisor_);
+      c.compress(dst, ws_.wire_tmp, len, 1.0f);
+      c.decompress(ws_.wire_tmp, dst, len, 1.0f);
     }
-  };
-
-  for (;;) {
-    // Retire receives in posting order (the transport completes them in that order).
-    while (!recvs.empty() && t.done(recvs.front().req)) {
-      land(recvs.front());
-      recvs.pop_front();
-      ++recv_done;
-    }
-    while (!sends.empty() && t.done(sends.front().req)) sends.pop_front();
-    while (recv_posted < recv_total && recv_posted - recv_done < rwin) {
-      while (recv_off[recv_stage + 1] <= recv_posted) ++recv_stage;
-      const std::size_t j = recv_posted - recv_off[recv_stage];
-      const std::size_t slot = recv_posted % rwin;
-      const std::size_t len = piece(stages[recv_stage].recv_count, j);
-      recvs.push_back(
-          {recv_stage, j, slot, t.irecv(left, ws.recv_slots + slot * seg_w, len * wes, opt.sig)});
-      ++recv_posted;
-    }
-    // Post the sends whose data is ready (stage 0 at once; stage t segment j once stage t-1
-    // segment j has landed) while a staging slot is free.
-    while (send_stage < nst && sends.size() < swin) {
-      if (send_stage > 0 && recv_off[send_stage - 1] + send_seg >= recv_done) break;
-      const WireStage& st = stages[send_stage];
-      const std::size_t len = piece(st.send_count, send_seg);
-      std::byte* slot = ws.send_slots + (send_posted % swin) * seg_w;
-      if (len > 0) c.compress(st.send + send_seg * seg, slot, len, 1.0f);
-      sends.push_back({send_stage, send_seg, 0, t.isend(right, slot, len * wes, opt.sig)});
-      ++send_posted;
-      if (++send_seg == segs(st.send_count)) {
-        send_seg = 0;
-        ++send_stage;
-      }
-    }
-    if (recv_done == recv_total && send_stage == nst && sends.empty()) return;
-    t.wait_any_progress(opt.deadline);
   }
+
+  TransportRef t_;
+  const std::vector<WireStage>& stages_;
+  std::size_t finish_stage_;
+  int divisor_;
+  const AlgoOptions& opt_;
+  const WireSlots& ws_;
+  int right_, left_;
+  ReduceFn add_ = reduce_function(DataType::float32, ReduceOp::sum);
+  std::vector<std::size_t> recv_off_;
+  std::deque<Pending> recvs_, sends_;
+  std::size_t recv_posted_ = 0, recv_done_ = 0, send_posted_ = 0;
+  std::size_t send_stage_ = 0, send_seg_ = 0, recv_stage_ = 0;
+};
+
+// Runs the stages to the end (WireRingRun, waiting for the transport between steps).
+inline void run_ring_wire(TransportRef t, const std::vector<WireStage>& stages,
+                          std::size_t finish_stage, int divisor, const AlgoOptions& opt,
+                          const WireSlots& ws) {
+  WireRingRun ring(t, stages, finish_stage, divisor, opt, ws);
+  while (!ring.progress()) t.wait_any_progress(opt.deadline);
 }
 
-// in/out: `count` float32 elements (may be the same buffer). `c`: the wire conversion (enabled,
-// 2-byte wire type). Each block's owner divides its finished block by `divisor` (when > 1; the
-// rank count for ReduceOp::average, or the size of a larger group this ring is part of) before
-// rounding it. `ws`: the staging slots (WireSlots over a scratch vector, 2 · kWireWindow + 3
-// segments).
-inline void allreduce_ring_wire_divided(TransportRef t, const float* in, float* out,
-                                        std::size_t count, const CompressionPolicy& c, int divisor,
-                                        const AlgoOptions& opt, const WireSlots& ws) {
-  if (count == 0) return;
-  const int n = t.size();
-  const int r = t.rank();
-  if (n == 1) {
-    if (in != out) std::memcpy(out, in, count * sizeof(float));
-    finish_average(out, count, DataType::float32, divisor);
-    ws.round_trip(out, count);
-    return;
-  }
-  // The stages in elements: reduce-scatter (send block r-s, fold block r-s-1 into out), then
-  // allgather (send block r+1-u, receive block r-u), as in allreduce_ring.
+// The stages of a ring allreduce of `count` float32 elements over a wire type at rank r of n:
+// reduce-scatter (send block r-s, fold block r-s-1 into out), then allgather (send block r+1-u,
+// receive block r-u), as in allreduce_ring. The finishing stage is n - 2 (the last fold).
+inline std::vector<WireStage> ring_allreduce_wire_stages(int r, int n, const float* in, float* out,
+                                                         std::size_t count) {
   std::vector<WireStage> stages;
   stages.reserve(static_cast<std::size_t>(2 * (n - 1)));
   auto block = [&](int b) { return even_block(count, n, mod(b, n)); };
@@ -233,7 +269,27 @@ inline void allreduce_ring_wire_divided(TransportRef t, const float* in, float* 
     const BlockRange sb = block(r + 1 - u), rb = block(r - u);
     stages.push_back({out + sb.begin, sb.count, out + rb.begin, nullptr, rb.count});
   }
-  run_ring_wire(t, stages, static_cast<std::size_t>(n - 2), divisor, c, opt, ws);
+  return stages;
+}
+
+// in/out: `count` float32 elements (may be the same buffer). `ws`: the wire conversion and its
+// staging slots (WireSlots over a scratch vector, 2 · kWireWindow + 3 segments). Each block's
+// owner divides its finished block by `divisor` (when > 1; the rank count for ReduceOp::average,
+// or the size of a larger group this ring is part of) before rounding it.
+inline void allreduce_ring_wire_divided(TransportRef t, const float* in, float* out,
+                                        std::size_t count, int divisor, const AlgoOptions& opt,
+                                        const WireSlots& ws) {
+  if (count == 0) return;
+  const int n = t.size();
+  const int r = t.rank();
+  if (n == 1) {
+    if (in != out) std::memcpy(out, in, count * sizeof(float));
+    finish_average(out, count, DataType::float32, divisor);
+    ws.round_trip(out, count);
+    return;
+  }
+  run_ring_wire(t, ring_allreduce_wire_stages(r, n, in, out, count),
+                static_cast<std::size_t>(n - 2), divisor, opt, ws);
 }
 
 // in/out: `count` float32 elements (may be the same buffer). `c`: the wire conversion (enabled,
@@ -243,7 +299,7 @@ inline void allreduce_ring_wire(TransportRef t, const float* in, float* out, std
                                 const CompressionPolicy& c, bool average, const AlgoOptions& opt,
                                 std::vector<std::byte>& scratch) {
   const WireSlots ws(c, opt, scratch);
-  allreduce_ring_wire_divided(t, in, out, count, c, average ? t.size() : 1, opt, ws);
+  allreduce_ring_wire_divided(t, in, out, count, average ? t.size() : 1, opt, ws);
 }
 
 }  // namespace kolo

@@ -44,81 +44,115 @@ inline std::size_t segment_count(std::size_t bytes, std::size_t seg) {
 // Called after each received segment lands: (context, stage, byte offset in the block, bytes).
 using RingReceived = void (*)(void* ctx, std::size_t stage, std::size_t offset, std::size_t bytes);
 
-// Runs the stages; `on_received(ctx, t, offset, bytes)` runs after each received segment lands
-// (used to fold ReduceOp::average's division into the last reduce step; nullptr: nothing).
-inline void run_ring(TransportRef t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
-                     const AlgoOptions& opt, RingReceived on_received = nullptr,
-                     void* ctx = nullptr) {
-  const int n = t.size();
-  const int right = mod(t.rank() + 1, n);
-  const int left = mod(t.rank() - 1, n);
-  // Segment size: a multiple of the element size so reductions never split an element.
-  const std::size_t es = rs.elem_size ? rs.elem_size : 1;
-  const std::size_t seg = std::max(es, opt.segment_bytes / es * es);
-
-  const std::size_t nst = stages.size();
-  std::vector<std::size_t> recv_off(nst + 1, 0);  // flat index of stage t's first recv segment
-  for (std::size_t s = 0; s < nst; ++s) {
-    recv_off[s + 1] = recv_off[s] + detail::segment_count(stages[s].recv_bytes, seg);
+// The ring driver as an object: progress() does whatever needs no waiting (retires finished
+// messages, posts receives ahead and every send whose data is ready) and says whether the ring
+// is done; run_ring waits for the transport between calls. Several rings on disjoint peers can
+// progress in one loop (the pipelined hierarchical allreduce overlaps a ring inside the host
+// with one across hosts). `stages` and `opt` must outlive the object.
+class RingRun {
+ public:
+  // `on_received(ctx, t, offset, bytes)` runs after each received segment lands (used to fold
+  // ReduceOp::average's division into the last reduce step; nullptr: nothing).
+  RingRun(TransportRef t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
+          const AlgoOptions& opt, RingReceived on_received = nullptr, void* ctx = nullptr)
+      : t_(t),
+        stages_(stages),
+        rs_(rs),
+        opt_(opt),
+        on_received_(on_received),
+        ctx_(ctx),
+        right_(mod(t.rank() + 1, t.size())),
+        left_(mod(t.rank() - 1, t.size())),
+        // Segment size: a multiple of the element size so reductions never split an element.
+        seg_(std::max(es(rs), opt.segment_bytes / es(rs) * es(rs))),
+        recv_off_(stages.size() + 1, 0),
+        send_segs_(stages.size()) {
+    const std::size_t nst = stages_.size();
+    for (std::size_t s = 0; s < nst; ++s) {
+      recv_off_[s + 1] = recv_off_[s] + detail::segment_count(stages_[s].recv_bytes, seg_);
+      send_segs_[s] = detail::segment_count(stages_[s].send_bytes, seg_);
+    }
   }
-  std::vector<std::size_t> send_segs(nst);
-  for (std::size_t s = 0; s < nst; ++s)
-    send_segs[s] = detail::segment_count(stages[s].send_bytes, seg);
 
+  bool progress() {
+    const std::size_t nst = stages_.size();
+    const std::size_t recv_total = recv_off_[nst];
+    // Retire receives in order (the transport completes them in posting order).
+    while (!recvs_.empty() && t_.done(recvs_.front().req)) {
+      const Pending& p = recvs_.front();
+      if (on_received_ != nullptr) {
+        const std::size_t off = p.seg * seg_;
+        on_received_(ctx_, p.stage, off, piece(stages_[p.stage].recv_bytes, off));
+      }
+      recvs_.pop_front();
+      ++recv_done_;
+    }
+    while (!sends_.empty() && t_.done(sends_.front().req)) sends_.pop_front();
+    // Post receives ahead, within the window.
+    while (recv_posted_ < recv_total && recv_posted_ - recv_done_ < opt_.recv_window) {
+      post_recv(recv_posted_++);
+    }
+    // Post every send whose data is ready: stage 0 at once, stage t segment j once stage t-1
+    // segment j has been received (its bytes are what we forward).
+    while (send_stage_ < nst) {
+      if (send_stage_ > 0 && recv_off_[send_stage_ - 1] + send_seg_ >= recv_done_) break;
+      const RingStage& st = stages_[send_stage_];
+      const std::size_t off = send_seg_ * seg_;
+      sends_.push_back({send_stage_, send_seg_,
+                        t_.isend(right_, st.send + off, piece(st.send_bytes, off), opt_.sig)});
+      if (++send_seg_ == send_segs_[send_stage_]) {
+        send_seg_ = 0;
+        ++send_stage_;
+      }
+    }
+    return recv_done_ == recv_total && send_stage_ == nst && sends_.empty();
+  }
+
+ private:
   struct Pending {
     std::size_t stage, seg;
     TransportRef::Request req;
   };
-  std::deque<Pending> recvs, sends;
-  std::size_t recv_posted = 0, recv_done = 0;
-  std::size_t send_stage = 0, send_seg = 0;
-  const std::size_t recv_total = recv_off[nst];
-
-  auto post_recv = [&](std::size_t flat) {
-    std::size_t s = 0;
-    while (recv_off[s + 1] <= flat) ++s;
-    const std::size_t j = flat - recv_off[s];
-    const RingStage& st = stages[s];
-    const std::size_t off = j * seg;
-    const std::size_t len = std::min(seg, st.recv_bytes - std::min(off, st.recv_bytes));
-    const TransportRef::Request r =
-        st.local ? t.irecv_reduce(left, st.recv + off, st.local + off, len, rs, opt.sig)
-                 : t.irecv(left, st.recv + off, len, opt.sig);
-    recvs.push_back({s, j, r});
-  };
-
-  for (;;) {
-    // Retire receives in order (the transport completes them in posting order).
-    while (!recvs.empty() && t.done(recvs.front().req)) {
-      const Pending& p = recvs.front();
-      const std::size_t off = p.seg * seg;
-      const std::size_t len =
-          std::min(seg, stages[p.stage].recv_bytes - std::min(off, stages[p.stage].recv_bytes));
-      if (on_received != nullptr) on_received(ctx, p.stage, off, len);
-      recvs.pop_front();
-      ++recv_done;
-    }
-    while (!sends.empty() && t.done(sends.front().req)) sends.pop_front();
-    // Post receives ahead, within the window.
-    while (recv_posted < recv_total && recv_posted - recv_done < opt.recv_window) {
-      post_recv(recv_posted++);
-    }
-    // Post every send whose data is ready: stage 0 at once, stage t segment j once stage t-1
-    // segment j has been received (its bytes are what we forward).
-    while (send_stage < nst) {
-      if (send_stage > 0 && recv_off[send_stage - 1] + send_seg >= recv_done) break;
-      const RingStage& st = stages[send_stage];
-      const std::size_t off = send_seg * seg;
-      const std::size_t len = std::min(seg, st.send_bytes - std::min(off, st.send_bytes));
-      sends.push_back({send_stage, send_seg, t.isend(right, st.send + off, len, opt.sig)});
-      if (++send_seg == send_segs[send_stage]) {
-        send_seg = 0;
-        ++send_stage;
-      }
-    }
-    if (recv_done == recv_total && send_stage == nst && sends.empty()) return;
-    t.wait_any_progress(opt.deadline);
+  static std::size_t es(const ReduceSpec& rs) { return rs.elem_size ? rs.elem_size : 1; }
+  std::size_t piece(std::size_t bytes, std::size_t off) const {
+    return std::min(seg_, bytes - std::min(off, bytes));
   }
+  void post_recv(std::size_t flat) {
+    std::size_t s = 0;
+    while (recv_off_[s + 1] <= flat) ++s;
+    const std::size_t j = flat - recv_off_[s];
+    const RingStage& st = stages_[s];
+    const std::size_t off = j * seg_;
+    const std::size_t len = piece(st.recv_bytes, off);
+    const TransportRef::Request r =
+        st.local ? t_.irecv_reduce(left_, st.recv + off, st.local + off, len, rs_, opt_.sig)
+                 : t_.irecv(left_, st.recv + off, len, opt_.sig);
+    recvs_.push_back({s, j, r});
+  }
+
+  TransportRef t_;
+  const std::vector<RingStage>& stages_;
+  ReduceSpec rs_;
+  const AlgoOptions& opt_;
+  RingReceived on_received_;
+  void* ctx_;
+  int right_, left_;
+  std::size_t seg_;
+  std::vector<std::size_t> recv_off_;  // flat index of stage t's first recv segment
+  std::vector<std::size_t> send_segs_;
+  std::deque<Pending> recvs_, sends_;
+  std::size_t recv_posted_ = 0, recv_done_ = 0;
+  std::size_t send_stage_ = 0, send_seg_ = 0;
+};
+
+// Runs the stages to the end; `on_received(ctx, t, offset, bytes)` runs after each received
+// segment lands (used to fold ReduceOp::average's division into the last reduce step; nullptr:
+// nothing).
+inline void run_ring(TransportRef t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
+                     const AlgoOptions& opt, RingReceived on_received = nullptr,
+                     void* ctx = nullptr) {
+  RingRun ring(t, stages, rs, opt, on_received, ctx);
+  while (!ring.progress()) t.wait_any_progress(opt.deadline);
 }
 
 // The same with any callable `on_received(stage, offset, bytes)`.

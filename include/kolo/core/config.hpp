@@ -331,6 +331,16 @@ inline constexpr Var zero_copy_bytes{"KOLO_ZERO_COPY_BYTES",
                                      "smallest allreduce (bytes) on Buffers from "
                                      "Communicator::allocate that reads the local peers' memory "
                                      "in place"};
+inline constexpr Var hierarchical_chunk_bytes{
+    "KOLO_HIERARCHICAL_CHUNK_BYTES",
+    Kind::integer,
+    Section::selection,
+    Reader::communicator,
+    0,
+    1ll << 62,
+    "4194304",
+    "the hierarchical allreduce's pipelining unit in bytes: a tensor of at least twice this is cut "
+    "into chunks whose ring across hosts overlaps the rings inside the host (0: no chunks)"};
 inline constexpr Var allreduce{"KOLO_ALLREDUCE",
                                Kind::rules,
                                Section::selection,
@@ -749,6 +759,7 @@ inline std::span<const Var* const> all_vars() {
       &vars::wait_spread,
       &vars::segment_bytes,
       &vars::zero_copy_bytes,
+      &vars::hierarchical_chunk_bytes,
       &vars::allreduce,
       &vars::broadcast,
       &vars::allgather,

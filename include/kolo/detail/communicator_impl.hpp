@@ -25,6 +25,9 @@ KOLO_IMPL_INLINE CommunicatorOptions CommunicatorOptions::from_env(const EnvLook
   if (auto v = config::get_int(env, config::vars::zero_copy_bytes)) {
     o.zero_copy_bytes = static_cast<std::size_t>(*v);
   }
+  if (auto v = config::get_int(env, config::vars::hierarchical_chunk_bytes)) {
+    o.hierarchical_chunk_bytes = static_cast<std::size_t>(*v);
+  }
   read_algorithm_rules(env, o);
   o.tuning = TuningSource::from_env(env);
   return o;
