@@ -140,6 +140,19 @@ TEST_CASE("engine: 1 to 500 tensors of mixed dtypes, ops and sizes in random per
       CHECK_MESSAGE(wrong == 0, "k=" << k << " step=" << step);
     }
   }
+  // On a loaded host the engine thread may take each submission in a cycle of its own (it wakes
+  // at the first); a few more rounds of two tensors, values checked, until one batch is fused.
+  // Every rank runs the same number of rounds: the count of fused collectives is the same on
+  // all (negotiation is replicated).
+  for (int more = 0; more < 20 && engine.stats().fused_collectives == 0; ++more) {
+    std::vector<float> a(64, static_cast<float>(r + 1)), b(64, 1.0f);
+    auto ha = engine.allreduce_async("fuse/a", TensorView(std::span<float>(a)), ReduceOp::sum);
+    auto hb = engine.allreduce_async("fuse/b", TensorView(std::span<float>(b)), ReduceOp::sum);
+    ha.wait();
+    hb.wait();
+    for (float v : a) CHECK(v == static_cast<float>(n * (n + 1) / 2));
+    for (float v : b) CHECK(v == static_cast<float>(n));
+  }
   const auto s = engine.stats();
   CHECK(s.cached_responses > 0);   // later steps used the response cache
   CHECK(s.fused_collectives > 0);  // and fusion
