@@ -212,7 +212,8 @@ class HierarchicalRingPipeline {
     const BlockRange own = block(k, lr_);
     if (peers_.size() == 1 || own.count == 0) return;
     std::byte* b = dst_ + own.begin * es_;
-    cross_stages_ = ring_allreduce_stages(peers_.rank(), peers_.size(), b, b, own.count, es_);
+    cross_stages_ =
+        ring_allreduce_stage_list<RingStage>(peers_.rank(), peers_.size(), b, b, own.count, es_);
     cross_.emplace(peers_, cross_stages_, rs_, opt_);
   }
 
@@ -297,7 +298,8 @@ class HierarchicalWirePipeline {
       return;
     }
     // The block's owner in the ring across hosts divides by the whole rank count and rounds.
-    cross_stages_ = ring_allreduce_wire_stages(peers_.rank(), peers_.size(), b, b, own.count);
+    cross_stages_ =
+        ring_allreduce_stage_list<WireStage>(peers_.rank(), peers_.size(), b, b, own.count, 1);
     cross_.emplace(peers_, cross_stages_, static_cast<std::size_t>(peers_.size() - 2), divisor_,
                    opt_, cross_ws_);
   }

@@ -25,28 +25,6 @@
 
 namespace kolo {
 
-// The stages of a ring allreduce of `count` elements of `es` bytes at rank r of n:
-// reduce-scatter (stage t sends block r-t, receives block r-t-1 and folds it into dst), then
-// allgather (this rank owns block r+1; stage u sends block r+1-u and receives block r-u).
-inline std::vector<RingStage> ring_allreduce_stages(int r, int n, const std::byte* src,
-                                                    std::byte* dst, std::size_t count,
-                                                    std::size_t es) {
-  std::vector<RingStage> stages;
-  stages.reserve(static_cast<std::size_t>(2 * (n - 1)));
-  auto block = [&](int b) { return even_block(count, n, mod(b, n)); };
-  for (int s = 0; s < n - 1; ++s) {
-    const BlockRange sb = block(r - s), rb = block(r - s - 1);
-    stages.push_back({(s == 0 ? src : dst) + sb.begin * es, sb.count * es, dst + rb.begin * es,
-                      src + rb.begin * es, rb.count * es});
-  }
-  for (int u = 0; u < n - 1; ++u) {
-    const BlockRange sb = block(r + 1 - u), rb = block(r - u);
-    stages.push_back(
-        {dst + sb.begin * es, sb.count * es, dst + rb.begin * es, nullptr, rb.count * es});
-  }
-  return stages;
-}
-
 inline void allreduce_ring(TransportRef t, const void* in, void* out, std::size_t count,
                            DataType dtype, ReduceOp op, const AlgoOptions& opt) {
   const auto f = allreduce_prologue(t, in, out, count, dtype, op);
@@ -56,7 +34,8 @@ inline void allreduce_ring(TransportRef t, const void* in, void* out, std::size_
   const std::size_t es = f->es;
   const std::byte* src = f->src;
   std::byte* dst = f->dst;
-  const std::vector<RingStage> stages = ring_allreduce_stages(r, n, src, dst, count, es);
+  const std::vector<RingStage> stages =
+      ring_allreduce_stage_list<RingStage>(r, n, src, dst, count, es);
   const std::size_t last_rs = static_cast<std::size_t>(n - 2);
   const BlockRange owned = even_block(count, n, mod(r + 1, n));
   if (op != ReduceOp::average) {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kolo/algorithm/options.hpp"
+#include "kolo/algorithm/ring_pipeline.hpp"
 #include "kolo/compression/compressor.hpp"
 #include "kolo/core/dtype.hpp"
 #include "kolo/core/error.hpp"
@@ -252,26 +253,6 @@ inline void run_ring_wire(TransportRef t, const std::vector<WireStage>& stages,
   while (!ring.progress()) t.wait_any_progress(opt.deadline);
 }
 
-// The stages of a ring allreduce of `count` float32 elements over a wire type at rank r of n:
-// reduce-scatter (send block r-s, fold block r-s-1 into out), then allgather (send block r+1-u,
-// receive block r-u), as in allreduce_ring. The finishing stage is n - 2 (the last fold).
-inline std::vector<WireStage> ring_allreduce_wire_stages(int r, int n, const float* in, float* out,
-                                                         std::size_t count) {
-  std::vector<WireStage> stages;
-  stages.reserve(static_cast<std::size_t>(2 * (n - 1)));
-  auto block = [&](int b) { return even_block(count, n, mod(b, n)); };
-  for (int s = 0; s < n - 1; ++s) {
-    const BlockRange sb = block(r - s), rb = block(r - s - 1);
-    stages.push_back(
-        {(s == 0 ? in : out) + sb.begin, sb.count, out + rb.begin, in + rb.begin, rb.count});
-  }
-  for (int u = 0; u < n - 1; ++u) {
-    const BlockRange sb = block(r + 1 - u), rb = block(r - u);
-    stages.push_back({out + sb.begin, sb.count, out + rb.begin, nullptr, rb.count});
-  }
-  return stages;
-}
-
 // in/out: `count` float32 elements (may be the same buffer). `ws`: the wire conversion and its
 // staging slots (WireSlots over a scratch vector, 2 · kWireWindow + 3 segments). Each block's
 // owner divides its finished block by `divisor` (when > 1; the rank count for ReduceOp::average,
@@ -288,7 +269,7 @@ inline void allreduce_ring_wire_divided(TransportRef t, const float* in, float* 
     ws.round_trip(out, count);
     return;
   }
-  run_ring_wire(t, ring_allreduce_wire_stages(r, n, in, out, count),
+  run_ring_wire(t, ring_allreduce_stage_list<WireStage>(r, n, in, out, count, 1),
                 static_cast<std::size_t>(n - 2), divisor, opt, ws);
 }
 

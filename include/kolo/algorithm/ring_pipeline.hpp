@@ -41,6 +41,30 @@ inline std::size_t segment_count(std::size_t bytes, std::size_t seg) {
 
 }  // namespace detail
 
+// The stages of a ring allreduce of `count` elements at rank r of n, as `Stage`s: RingStage
+// (byte pointers, sizes in bytes: `unit` = the element size) or WireStage (float pointers,
+// sizes in elements: `unit` = 1). Reduce-scatter: stage s sends block r-s and folds block r-s-1
+// into dst; allgather: this rank owns block r+1, stage u sends block r+1-u and receives block
+// r-u. The last fold is stage n-2.
+template <class Stage, class In, class Out>
+std::vector<Stage> ring_allreduce_stage_list(int r, int n, In src, Out dst, std::size_t count,
+                                             std::size_t unit) {
+  std::vector<Stage> stages;
+  stages.reserve(static_cast<std::size_t>(2 * (n - 1)));
+  auto block = [&](int b) { return even_block(count, n, mod(b, n)); };
+  for (int s = 0; s < n - 1; ++s) {
+    const BlockRange sb = block(r - s), rb = block(r - s - 1);
+    stages.push_back({(s == 0 ? src : dst) + sb.begin * unit, sb.count * unit,
+                      dst + rb.begin * unit, src + rb.begin * unit, rb.count * unit});
+  }
+  for (int u = 0; u < n - 1; ++u) {
+    const BlockRange sb = block(r + 1 - u), rb = block(r - u);
+    stages.push_back(
+        {dst + sb.begin * unit, sb.count * unit, dst + rb.begin * unit, nullptr, rb.count * unit});
+  }
+  return stages;
+}
+
 // Called after each received segment lands: (context, stage, byte offset in the block, bytes).
 using RingReceived = void (*)(void* ctx, std::size_t stage, std::size_t offset, std::size_t bytes);
 
