@@ -32,7 +32,8 @@ struct FusionKernels {
   // the order of operations are the host FusionBuffer's and Compressor's (round to nearest even).
   void (*pack)(const FusionItem* items, std::size_t n, DataType in, DataType wire, void* buf,
                double scale, void* stream) = nullptr;
-  // dst[i] = out(buf[offset + i]) * (scale / divisor) for every item with a dst, in one launch.
+  // dst[i] = out(buf[offset + i]) * (scale / divisor) for every item with a dst, in one launch
+  // (with scale 1: out(buf[offset + i]) / divisor, the host's true division).
   // Integers: divided by `divisor` with truncation toward zero (scale must be 1).
   void (*unpack)(const FusionItem* items, std::size_t n, DataType wire, DataType out,
                  const void* buf, double scale, int divisor, void* stream) = nullptr;

@@ -166,6 +166,21 @@ struct DoubleScaleOp {
   double f;
   __device__ double operator()(double x) const { return __dmul_rn(x, f); }
 };
+// An average's division alone (scale 1): a true division, one rounding per element, as the
+// host's detail::scaled_copy (a multiplication by 1/divisor differs from it in the last bit).
+template <class H>
+struct HalfDivOp {  // T(float(x) / divisor)
+  float d;
+  __device__ H operator()(H x) const { return from_float<H>(__fdiv_rn(to_float(x), d)); }
+};
+struct FloatDivOp {
+  float d;
+  __device__ float operator()(float x) const { return __fdiv_rn(x, d); }
+};
+struct DoubleDivOp {
+  double d;
+  __device__ double operator()(double x) const { return __ddiv_rn(x, d); }
+};
 template <class T>
 struct IntDivOp {  // truncation toward zero in 64 bits
   long long d;
@@ -725,6 +740,27 @@ inline void run_scale(const FusionItem* items, std::size_t n, bool packing, cons
   }
 }
 
+// Same-type division by an average's divisor (floating types, scale 1; see HalfDivOp).
+inline void run_divide(const FusionItem* items, std::size_t n, const void* buf, DataType t,
+                       int divisor, cudaStream_t stream, const char* who) {
+  const auto fd = static_cast<float>(divisor);
+  switch (t) {
+    case DataType::float16:
+      return run_batch<kolo::float16, kolo::float16>(
+          items, n, false, buf, HalfDivOp<kolo::float16>{fd}, stream, who);
+    case DataType::bfloat16:
+      return run_batch<kolo::bfloat16, kolo::bfloat16>(
+          items, n, false, buf, HalfDivOp<kolo::bfloat16>{fd}, stream, who);
+    case DataType::float32:
+      return run_batch<float, float>(items, n, false, buf, FloatDivOp{fd}, stream, who);
+    case DataType::float64:
+      return run_batch<double, double>(items, n, false, buf,
+                                       DoubleDivOp{static_cast<double>(divisor)}, stream, who);
+    default:
+      throw ConfigError(std::string(who) + ": cannot divide " + std::string(dtype_name(t)));
+  }
+}
+
 inline bool is_half_dtype(DataType t) {
   return t == DataType::float16 || t == DataType::bfloat16;
 }
@@ -774,7 +810,8 @@ inline void pack(const FusionItem* items, std::size_t n, DataType in, DataType w
 }
 
 // dst[i] = out(buf[offset + i]) * (scale / divisor) for every item with a dst, in one launch
-// (see FusionKernels::unpack). Integers: buf / divisor, truncated toward zero (scale must be 1).
+// (see FusionKernels::unpack); with scale 1, buf / divisor (a true division, as the host's).
+// Integers: buf / divisor, truncated toward zero (scale must be 1).
 inline void unpack(const FusionItem* items, std::size_t n, DataType wire, DataType out,
                    const void* buf, double scale, int divisor, cudaStream_t stream) {
   namespace kd = kernel_detail;
@@ -808,6 +845,8 @@ inline void unpack(const FusionItem* items, std::size_t n, DataType wire, DataTy
     }
   } else if (scale == 1.0 && divisor == 1) {
     kd::run_copy(items, n, false, buf, out, stream, who);
+  } else if (dtype_is_floating(out) && scale == 1.0) {
+    kd::run_divide(items, n, buf, out, divisor, stream, who);  // the host's true division
   } else if (dtype_is_floating(out)) {
     kd::run_scale(items, n, false, buf, out, scale / divisor, stream, who);
   } else {
