@@ -746,11 +746,11 @@ inline void run_divide(const FusionItem* items, std::size_t n, const void* buf, 
   const auto fd = static_cast<float>(divisor);
   switch (t) {
     case DataType::float16:
-      return run_batch<kolo::float16, kolo::float16>(
-          items, n, false, buf, HalfDivOp<kolo::float16>{fd}, stream, who);
+      return run_batch<kolo::float16, kolo::float16>(items, n, false, buf,
+                                                     HalfDivOp<kolo::float16>{fd}, stream, who);
     case DataType::bfloat16:
-      return run_batch<kolo::bfloat16, kolo::bfloat16>(
-          items, n, false, buf, HalfDivOp<kolo::bfloat16>{fd}, stream, who);
+      return run_batch<kolo::bfloat16, kolo::bfloat16>(items, n, false, buf,
+                                                       HalfDivOp<kolo::bfloat16>{fd}, stream, who);
     case DataType::float32:
       return run_batch<float, float>(items, n, false, buf, FloatDivOp{fd}, stream, who);
     case DataType::float64:
