@@ -91,7 +91,7 @@ class EngineCore {
 
   // One operation this rank submitted, from enqueue until its handle completes.
   struct Local {
-    std::shared_ptr<detail::HandleState> handle;
+    detail::StateRef handle;
     TensorView in, out;
     RequestParams p;
     clock::time_point enqueued, ready;
@@ -203,8 +203,12 @@ class EngineCore {
     // A waiting thread may run the cycles of a host engine. Not of a device engine: its
     // transport selects the CUDA device on the calling thread, which would change the
     // waiter's current device behind its back.
-    if constexpr (!DeviceFusionTransport<T>) state->driver = driver_;
-    Handle h(state);
+    if constexpr (!DeviceFusionTransport<T>) {
+      if (state->driver != driver_) state->driver = driver_;  // a reused state may have it
+    } else if (state->driver) {
+      state->driver.reset();
+    }
+    Handle h(state.share_unpublished());
     // The submission time serves the timeline (NEGOTIATE starts here); otherwise the engine
     // stamps a whole inbox with the time it takes it, which is precise enough for the stall
     // inspector and saves a clock read per tensor.
@@ -509,7 +513,7 @@ class EngineCore {
     // 7. Join completes when every rank has joined.
     if (all_joined && joined_) {
       set_joined(false);
-      std::vector<std::shared_ptr<detail::HandleState>> waiters;
+      std::vector<detail::StateRef> waiters;
       {
         std::lock_guard lock(mu_);
         waiters.swap(join_waiters_);
@@ -527,9 +531,22 @@ class EngineCore {
                 " while it is inside join(); submit again after join() has returned")));
       return;
     }
-    auto it = cache_index_.find(name);
-    CacheSlot* slot =
-        it != cache_index_.end() ? &cache_[static_cast<std::size_t>(it->second)] : nullptr;
+    // A training step submits its names in the same order every step: the slot that followed
+    // the last one filed, last time, is checked first (one comparison of the name), and the hash
+    // lookup runs only when that guess is wrong.
+    int found = -1;
+    const int guess = last_slot_ >= 0 ? next_slot_[static_cast<std::size_t>(last_slot_)] : -1;
+    if (guess >= 0 && cache_[static_cast<std::size_t>(guess)].used &&
+        std::string_view(cache_[static_cast<std::size_t>(guess)].name) == name) {
+      found = guess;
+    } else {
+      auto it = cache_index_.find(name);
+      if (it != cache_index_.end()) {
+        found = it->second;
+        if (last_slot_ >= 0) next_slot_[static_cast<std::size_t>(last_slot_)] = found;
+      }
+    }
+    CacheSlot* slot = found >= 0 ? &cache_[static_cast<std::size_t>(found)] : nullptr;
     if ((slot && slot->busy) || (!pending_.empty() && pending_.find(name) != pending_.end()) ||
         (!held_names_.empty() && held_names_.find(name) != held_names_.end())) {
       local.handle->finish(std::make_exception_ptr(
@@ -540,9 +557,10 @@ class EngineCore {
     ++since_idle_;
     local.seq = ++submitted_;
     if (slot) {
-      const auto k = static_cast<std::size_t>(it->second);
+      const auto k = static_cast<std::size_t>(found);
+      last_slot_ = found;
       if (slot->p == local.p) {  // the steady state: no string is built, nothing allocated
-        local.cache_slot = it->second;
+        local.cache_slot = found;
         slot->local = std::move(local);
         slot->busy = true;
         ++busy_slots_;
@@ -686,6 +704,7 @@ class EngineCore {
       cache_.emplace_back();  // a deque: the slots responses point at stay where they are
       slot_pending_.push_back(0);
       invalid_.push_back(0);
+      next_slot_.push_back(-1);
     }
     CacheSlot& c = cache_[k];
     c.used = true;
@@ -1387,7 +1406,7 @@ class EngineCore {
   void complete(const Response& r, std::exception_ptr err) {
     Local* l = r.local;
     if (!l) return;
-    std::shared_ptr<detail::HandleState> h = std::move(l->handle);
+    detail::StateRef h = std::move(l->handle);
     if (l->cache_slot >= 0) {
       const auto k = static_cast<std::size_t>(l->cache_slot);
       cache_[k].busy = false;
@@ -1406,6 +1425,8 @@ class EngineCore {
     }
   }
   void notify_completed() {
+    if (completed_.empty()) return;
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // after every mark() (handle.hpp)
     for (auto& h : completed_) h->notify();
     completed_.clear();
   }
@@ -1587,7 +1608,7 @@ class EngineCore {
 
   void fail_pending(std::exception_ptr err) {
     std::vector<Incoming> incoming;
-    std::vector<std::shared_ptr<detail::HandleState>> waiters;
+    std::vector<detail::StateRef> waiters;
     {
       std::lock_guard lock(mu_);
       if (!dead_) dead_ = err;
@@ -1637,7 +1658,7 @@ class EngineCore {
   std::condition_variable cv_;
   std::vector<Incoming> inbox_;  // submissions, names in inbox_names_
   std::string inbox_names_;
-  std::vector<std::shared_ptr<detail::HandleState>> join_waiters_;
+  std::vector<detail::StateRef> join_waiters_;
   std::size_t wake_at_ = 1;        // the inbox size at which a submission wakes the engine thread
   clock::time_point inbox_since_;  // when the oldest submission in the inbox arrived
   int driving_ = 0;                // waiting threads running cycles (Driver)
@@ -1656,6 +1677,10 @@ class EngineCore {
   std::vector<std::string> to_send_;
   std::deque<CacheSlot> cache_;  // a deque: responses point into slots while others are added
   NameMap<int> cache_index_;
+  // By slot: the slot filed after it last time (-1: none yet), and the slot filed last (intake's
+  // guess; checked against the name, so a stale entry only costs the lookup it would have run).
+  std::vector<int> next_slot_;
+  int last_slot_ = -1;
   std::size_t busy_slots_ = 0;   // cache slots with an operation in flight
   std::size_t since_idle_ = 0;   // operations submitted since nothing was in flight
   std::uint64_t submitted_ = 0;  // operations filed, ever
@@ -1669,7 +1694,7 @@ class EngineCore {
   std::vector<std::unique_ptr<Decided>> released_;  // this cycle's completed groups
   std::map<std::string, std::vector<Held>> groups_;
   std::set<std::string, std::less<>> held_names_;
-  std::vector<std::shared_ptr<detail::HandleState>> completed_;  // marked done, not yet woken
+  std::vector<detail::StateRef> completed_;  // marked done, not yet woken
   std::vector<std::uint8_t> flags_, done_;
   std::vector<bool> joined_ranks_;
   std::vector<std::size_t> batch_, offsets_;
@@ -1760,6 +1785,7 @@ Handle EngineCore<T>::broadcast_async(std::string_view name, TensorView tensor, 
 template <class T>
 void EngineCore<T>::join() {
   auto state = detail::make_handle_state();
+  state->driver.reset();  // the engine thread completes a join (a reused state may have one)
   {
     std::lock_guard lock(mu_);
     if (dead_) std::rethrow_exception(dead_);

@@ -1,10 +1,10 @@
 // kolo/engine/handle.hpp — the result of an asynchronous collective: wait for it, poll it, read
 // its output. Shared between the caller and the engine's progress thread.
 //
-// A training step submits every gradient, every step: the handles' shared state comes from a
-// process-wide pool of blocks (make_handle_state), so a steady state allocates nothing. A block
-// returns to the pool when the last Handle referring to it goes, which may be after the Engine
-// that made it has gone.
+// A training step submits every gradient, every step: the handles' shared states are reused
+// (make_handle_state, StatePool), so a steady state allocates nothing and constructs nothing. A
+// state returns to the pool when the last Handle referring to it goes, which may be after the
+// Engine that made it has gone.
 #pragma once
 
 #include <atomic>
@@ -42,9 +42,14 @@ struct Driver {
 
 // Completion is an atomic flag: marking a handle done, asking whether it is, and waiting for
 // one that is take no lock. The mutex and condition variable serve only threads that sleep,
-// counted in `waiters` (a thread announces itself before it checks `done`, the engine checks
-// `waiters` after it sets `done`, both sequentially consistent: one of them sees the other).
+// counted in `waiters` (a thread announces itself, a sequentially consistent increment, before
+// it checks `done`; the engine sets `done`, then a sequentially consistent fence, then checks
+// `waiters`: one of them sees the other).
+struct StateCache;
+
 struct HandleState {
+  std::atomic<int> refs{0};    // StateRef's count
+  StateCache* home = nullptr;  // the cache of the thread that took it from the pool
   std::atomic<bool> done{false};
   std::atomic<int> waiters{0};
   std::mutex mu;
@@ -57,16 +62,21 @@ struct HandleState {
 
   void finish(std::exception_ptr e = nullptr) {
     mark(std::move(e));
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     notify();
   }
   // finish() in two halves: the engine marks every handle of a fused batch done first and wakes
   // their waiters afterwards. Waking each in turn let a waiting thread run between completions
   // (on a busy host it preempts the engine) and block again on the next handle, a context
   // switch per tensor.
+  // `done` is a release store: the sequentially consistent fence that pairs it with the
+  // waiters' count comes before notify(), once for a whole batch (a full barrier per handle
+  // was the largest single cost of completing one).
   void mark(std::exception_ptr e = nullptr) {
     error = std::move(e);
-    done.store(true);
+    done.store(true, std::memory_order_release);
   }
+  // Call after a std::atomic_thread_fence(seq_cst) that follows mark().
   void notify() {
     if (waiters.load() == 0) return;
     { std::lock_guard lock(mu); }  // a waiter between its check and its sleep finishes either
@@ -89,7 +99,9 @@ struct HandleState {
     return ok;
   }
 
-  // The engine that completes this handle (null: none to help, e.g. a join).
+  // The engine that completes this handle (null: none to help, e.g. a join). A reused state keeps
+  // the last one (a stopped engine's Driver has no engine): the engine sets it only when it
+  // differs, which saves two atomic operations per submission in the steady state.
   std::shared_ptr<Driver> driver;
 };
 
@@ -112,117 +124,157 @@ inline constexpr bool kAsan = false;
 inline constexpr bool kAsan = false;
 #endif
 
-// A free list of equal-sized blocks, shared by every thread (allocation on the submitting thread,
-// release on whichever thread drops the last reference). It keeps at most kMaxFree blocks; more
-// go back to the heap. Never destroyed: handles may outlive static destruction.
-class BlockPool {
+// Handle states are reused, not destroyed: a state whose last reference goes is reset (the
+// fields an operation wrote) and kept, with its mutex, condition variable and driver, for the
+// next submission. A free list shared by every thread; never destroyed, since handles may
+// outlive static destruction. It keeps at most kMaxFree states; more are deleted. Under ASan
+// every state is new and deleted, so that a use after release is reported.
+class StatePool {
  public:
   static constexpr std::size_t kMaxFree = 1u << 16;
 
-  explicit BlockPool(std::size_t bytes) : bytes_(bytes) {}
-
-  void* get() {
+  static StatePool& instance() {
+    static StatePool* p = new StatePool;  // leaked on purpose (see above)
+    return *p;
+  }
+  HandleState* get() {
     {
       std::lock_guard lock(mu_);
       if (!free_.empty()) {
-        void* p = free_.back();
+        HandleState* h = free_.back();
         free_.pop_back();
-        return p;
+        return h;
       }
     }
-    return ::operator new(bytes_);
+    return new HandleState;
   }
-
-  void put(void* p) noexcept {
+  void put(HandleState* h) noexcept {
     {
       std::lock_guard lock(mu_);
       if (free_.size() < kMaxFree) {
         try {
-          free_.push_back(p);  // grows only while the number of live handles sets a new high
+          free_.push_back(h);  // grows only while the number of live handles sets a new high
           return;
         } catch (...) {
         }
       }
     }
-    ::operator delete(p);
+    delete h;
   }
 
  private:
-  std::size_t bytes_;
   std::mutex mu_;
-  std::vector<void*> free_;
+  std::vector<HandleState*> free_;
 };
 
-// The allocator allocate_shared uses for HandleState: single objects of one type (the control
-// block with the state inside) come from a pool of that size; anything else from the heap.
-// Under AddressSanitizer blocks are not recycled, so that a use after release is still caught.
-template <class T>
-struct PoolAllocator {
-  using value_type = T;
-  PoolAllocator() = default;
-  template <class U>
-  PoolAllocator(const PoolAllocator<U>&) noexcept {}
-
-  static BlockPool& pool() {
-    static BlockPool* p = new BlockPool(sizeof(T));  // leaked on purpose (see BlockPool)
-    return *p;
+// Each thread keeps states of its own, so that the usual pattern — a thread submits a step's
+// tensors, waits and drops their handles, step after step — takes no lock and no atomic
+// operation beyond the reference counts; beyond kMax, and once the thread is ending, states go
+// through the shared pool.
+struct StateCache {
+  static constexpr int kMax = 4096;
+  HandleState* items[kMax];
+  int n = 0;
+  StateCache() { state() = 1; }
+  ~StateCache() {
+    state() = 2;
+    while (n > 0) StatePool::instance().put(items[--n]);
   }
-  static constexpr bool pooled() {
-    return !kAsan && alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__;
-  }
-
-  // Each thread keeps a few blocks of its own, so that the usual pattern — a thread submits,
-  // waits and drops its handles, step after step — takes no lock at all; beyond those, and
-  // once the thread is ending, blocks go through the shared pool.
-  struct Cache {
-    static constexpr int kMax = 256;
-    void* blocks[kMax];
-    int n = 0;
-    Cache() { state() = 1; }
-    ~Cache() {
-      state() = 2;
-      while (n > 0) pool().put(blocks[--n]);
-    }
-  };
   static int& state() {  // this thread's cache: 0 not made yet, 1 alive, 2 destroyed
     static thread_local int s = 0;
     return s;
   }
-  static Cache* cache() {
+  static StateCache* mine() {
     if (state() == 2) return nullptr;
-    static thread_local Cache c;
+    static thread_local StateCache c;
     return &c;
-  }
-
-  T* allocate(std::size_t n) {
-    if (n == 1 && pooled()) {
-      Cache* c = cache();
-      if (c && c->n > 0) return static_cast<T*>(c->blocks[--c->n]);
-      return static_cast<T*>(pool().get());
-    }
-    return std::allocator<T>().allocate(n);
-  }
-  void deallocate(T* p, std::size_t n) noexcept {
-    if (n == 1 && pooled()) {
-      Cache* c = cache();
-      if (c && c->n < Cache::kMax) {
-        c->blocks[c->n++] = p;
-        return;
-      }
-      pool().put(p);
-      return;
-    }
-    std::allocator<T>().deallocate(p, n);
-  }
-  template <class U>
-  friend bool operator==(const PoolAllocator&, const PoolAllocator<U>&) noexcept {
-    return true;
   }
 };
 
-// A fresh handle state from the pool.
-inline std::shared_ptr<HandleState> make_handle_state() {
-  return std::allocate_shared<HandleState>(PoolAllocator<HandleState>());
+inline HandleState* acquire_state() {
+  if constexpr (kAsan) return new HandleState;
+  StateCache* c = StateCache::mine();
+  HandleState* h = c && c->n > 0 ? c->items[--c->n] : StatePool::instance().get();
+  h->home = c;
+  return h;
+}
+
+// The last reference went: no other thread can see `h` any more.
+inline void release_state(HandleState* h) noexcept {
+  if constexpr (kAsan) {
+    delete h;
+    return;
+  }
+  h->error = nullptr;
+  if (h->owned.capacity() > 0) std::vector<std::byte>().swap(h->owned);  // an allgather's output
+  if (h->counts.capacity() > 64) std::vector<std::size_t>().swap(h->counts);
+  h->counts.clear();
+  h->output = TensorView{};
+  h->done.store(false, std::memory_order_relaxed);
+  // Back to the cache of the thread that took it (the submitting thread, which takes the next
+  // one): a state another thread releases last (the engine's, on a busy host) goes through the
+  // pool, where the submitting thread finds it, instead of filling a cache it never takes from.
+  StateCache* c = StateCache::mine();
+  if (c && c == h->home && c->n < StateCache::kMax) {
+    c->items[c->n++] = h;
+    return;
+  }
+  StatePool::instance().put(h);
+}
+
+// A counted reference to a HandleState (as std::shared_ptr, without its control block and
+// with reuse instead of destruction). Copies share the state; the last one to go releases it.
+class StateRef {
+ public:
+  StateRef() = default;
+  // A fresh state, not done, with this one reference.
+  static StateRef make() {
+    StateRef r;
+    r.p_ = acquire_state();
+    r.p_->refs.store(1, std::memory_order_relaxed);
+    return r;
+  }
+  StateRef(const StateRef& o) noexcept : p_(o.p_) {
+    if (p_) p_->refs.fetch_add(1, std::memory_order_relaxed);
+  }
+  StateRef(StateRef&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  StateRef& operator=(const StateRef& o) noexcept {
+    StateRef(o).swap(*this);
+    return *this;
+  }
+  StateRef& operator=(StateRef&& o) noexcept {
+    StateRef(std::move(o)).swap(*this);
+    return *this;
+  }
+  ~StateRef() { reset(); }
+
+  void reset() noexcept {
+    HandleState* p = p_;
+    p_ = nullptr;
+    if (p && p->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) release_state(p);
+  }
+  void swap(StateRef& o) noexcept { std::swap(p_, o.p_); }
+  // A second reference to a state that no other thread can see yet (just made): the count
+  // changes without an atomic read-modify-write.
+  StateRef share_unpublished() const {
+    p_->refs.store(p_->refs.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    StateRef r;
+    r.p_ = p_;
+    return r;
+  }
+
+  HandleState* get() const noexcept { return p_; }
+  HandleState* operator->() const noexcept { return p_; }
+  HandleState& operator*() const noexcept { return *p_; }
+  explicit operator bool() const noexcept { return p_ != nullptr; }
+
+ private:
+  HandleState* p_ = nullptr;
+};
+
+// A fresh handle state (from this thread's cache or the pool).
+inline StateRef make_handle_state() {
+  return StateRef::make();
 }
 
 }  // namespace detail
@@ -230,9 +282,9 @@ inline std::shared_ptr<HandleState> make_handle_state() {
 class Handle {
  public:
   Handle() = default;
-  explicit Handle(std::shared_ptr<detail::HandleState> s) : s_(std::move(s)) {}
+  explicit Handle(detail::StateRef s) : s_(std::move(s)) {}
 
-  bool valid() const { return s_ != nullptr; }
+  bool valid() const { return static_cast<bool>(s_); }
 
   // True once the operation has finished (successfully or not); never blocks.
   bool ready() const { return s_->is_done(); }
@@ -240,7 +292,7 @@ class Handle {
   // Blocks until the operation finishes; rethrows its error (MismatchError, PeerLostError, ...).
   // While no other thread is running the engine's cycles, this thread runs them.
   void wait() const {
-    if (s_->driver) s_->driver->help(*s_);
+    if (s_->driver && !s_->is_done()) s_->driver->help(*s_);
     s_->sleep_until_done([&](std::unique_lock<std::mutex>& lock, auto pred) {
       s_->cv.wait(lock, pred);
       return true;
@@ -271,7 +323,7 @@ class Handle {
   }
 
  private:
-  std::shared_ptr<detail::HandleState> s_;
+  detail::StateRef s_;
 };
 
 }  // namespace kolo
