@@ -1675,7 +1675,31 @@ class EngineCore {
   std::string incoming_names_;
   NameMap<Local> pending_;  // in flight without a cache slot (new names, changed parameters)
   std::vector<std::string> to_send_;
-  std::deque<CacheSlot> cache_;  // a deque: responses point into slots while others are added
+  // Cache slots by number: a deque (responses point into slots while others are added) and the
+  // slots' addresses, so that a slot number is one load away (a deque's indexing, many times per
+  // tensor and cycle, was a visible cost).
+  struct SlotTable {
+    std::deque<CacheSlot> items;
+    std::vector<CacheSlot*> at;
+    CacheSlot& operator[](std::size_t k) { return *at[k]; }
+    const CacheSlot& operator[](std::size_t k) const { return *at[k]; }
+    std::size_t size() const { return at.size(); }
+    void emplace_back() {
+      at.push_back(nullptr);  // first: if the slot's allocation throws, nothing points past it
+      try {
+        items.emplace_back();
+      } catch (...) {
+        at.pop_back();
+        throw;
+      }
+      at.back() = &items.back();
+    }
+    auto begin() { return items.begin(); }
+    auto end() { return items.end(); }
+    auto begin() const { return items.begin(); }
+    auto end() const { return items.end(); }
+  };
+  SlotTable cache_;
   NameMap<int> cache_index_;
   // By slot: the slot filed after it last time (-1: none yet), and the slot filed last (intake's
   // guess; checked against the name, so a stale entry only costs the lookup it would have run).
