@@ -990,6 +990,42 @@ class EngineCore {
     notify_completed();
   }
 
+  // One rank: every op's allreduce of a tensor is the tensor (an average divides by 1), so a
+  // batch needs no fusion buffer and no collective: each output gets its own input, scaled as
+  // the collective would have scaled it (prescale, then postscale). Not for a joined rank's
+  // zeros or an invalid dtype or op (the collective names those); false then, nothing done.
+  bool run_alone(std::vector<Response>& responses, const std::vector<std::size_t>& batch,
+                 clock::time_point tq) {
+    const RequestParams& p = *responses[batch.front()].p;
+    if (dtype_name(p.dtype) == "invalid" || reduce_op_name(p.op) == "invalid") return false;
+    for (std::size_t j : batch) {
+      if (!responses[j].local) return false;
+    }
+    const auto ta = clock::now();
+    for (std::size_t j : batch) {
+      const Local& l = *responses[j].local;
+      if (p.prescale != 1.0 || l.out.data != l.in.data) {
+        detail::scaled_copy(l.out.data, l.in.data, l.in.count, p.dtype, p.prescale);
+      }
+      if (p.postscale != 1.0) {
+        detail::scaled_copy(l.out.data, l.out.data, l.out.count, p.dtype, p.postscale);
+      }
+    }
+    const auto tb = clock::now();
+    if (batch.size() > 1) bump([](EngineStats& s) { ++s.fused_collectives; });
+    for (std::size_t j : batch) {
+      const Response& r = responses[j];
+      if (timeline_.enabled()) {
+        const int tr = track_of(r);
+        const std::size_t b = r.p->count * dtype_size(p.dtype);
+        timeline_.record(tr, "QUEUE", tq, ta, p.dtype, b);
+        timeline_.record(tr, "ALLREDUCE", ta, tb, p.dtype, b);
+      }
+      complete(r, nullptr);
+    }
+    return true;
+  }
+
   // The local tensor for a response, or a zero tensor when this rank has joined.
   TensorView local_input(const Response& r) {
     if (r.local) return r.local->in;
@@ -1073,6 +1109,7 @@ class EngineCore {
       run_compressed_allreduce(responses, batch, divisor, tq);
       return;
     }
+    if (n == 1 && divisor == 1 && run_alone(responses, batch, tq)) return;
     // The Communicator's average divides by n (each block by its owner, count/n divisions per
     // rank, the same bits as dividing while unpacking); another divisor is applied here.
     const bool comm_divides = p.op != ReduceOp::average || divisor == n;
