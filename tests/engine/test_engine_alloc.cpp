@@ -25,6 +25,14 @@
 #include <kolo/kolo.hpp>
 #include <kolo/optim/optim.hpp>
 
+// The replacement operator delete below frees with std::free what the replacement operator new
+// took with std::malloc. Where GCC inlines both around a new-expression (the engine's handle
+// states, under -O1 with TSan), -Wmismatched-new-delete sees "free of a new'd pointer": a
+// false positive for replaced global operators.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
 namespace {
 
 std::atomic<std::uint64_t> g_allocs{0};
@@ -145,6 +153,10 @@ void wait_all(Model& m) {
 
 }  // namespace
 
+// Under ASan the engine allocates each handle's state and frees it (no reuse, so that a use
+// after release is reported): one allocation per submission is then expected, and nothing more.
+constexpr std::uint64_t kStateAllocs = kolo::detail::kAsan ? 1 : 0;
+
 TEST_CASE("engine steady state: no allocation per step (1 rank: all threads; N ranks: submit)") {
   kolo::EngineOptions opts = kolo::EngineOptions::from_env();
   opts.timeline.clear();
@@ -177,10 +189,10 @@ TEST_CASE("engine steady state: no allocation per step (1 rank: all threads; N r
       m.fill(r);
       const std::uint64_t g0 = g_allocs.load(), t0 = t_allocs;
       submit(engine, m, v.op, v.pre, v.post);
-      submitting += t_allocs != t0;
+      submitting += t_allocs - t0 > kStateAllocs * m.grads.size();
       submitting_n += t_allocs - t0;
       wait_all(m);
-      whole += g_allocs.load() != g0;
+      whole += g_allocs.load() - g0 > kStateAllocs * m.grads.size();
       whole_n += g_allocs.load() - g0;
       wrong += m.wrong(n, [&](float sum) {
         if (v.op == ReduceOp::average) return sum / nf;
@@ -229,7 +241,7 @@ TEST_CASE("DistributedOptimizer steady state: synchronize() allocates nothing (1
     const std::uint64_t g0 = g_allocs.load();
     pass();
     const std::uint64_t d = g_allocs.load() - g0;
-    whole += d > 0 ? 1 : 0;
+    whole += d > kStateAllocs * grads.size() ? 1 : 0;
     whole_n += d;
     for (std::size_t k = 0; k < grads.size(); ++k) {
       for (std::size_t i = 0; i < grads[k].size(); ++i) {
