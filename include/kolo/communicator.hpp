@@ -433,7 +433,7 @@ class Communicator {
     opt.sig.count = count;
     opt.sig.seq = ++seq_;
     opt.sig.extra = extra;
-    opt.deadline = Deadline::after(transport_->timeout_seconds());
+    opt.deadline = Deadline::lazy(transport_->timeout_seconds());  // no clock read unless it waits
     opt.segment_bytes = opts_.segment_bytes;
     opt.hierarchical_chunk_bytes = opts_.hierarchical_chunk_bytes;
     if (size() == 1 || c == Collective::barrier) {

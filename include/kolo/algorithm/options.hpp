@@ -12,7 +12,7 @@ namespace kolo {
 
 struct AlgoOptions {
   Signature sig;
-  Deadline deadline = Deadline::after(30);
+  Deadline deadline = Deadline::lazy(30);
   // Pipelining unit: a segment received at step t is forwarded at step t+1 while later segments
   // of step t are still arriving, so a ring of n ranks costs (2(n-1) + segments - 1) segment
   // times instead of 2(n-1) block times.
