@@ -102,14 +102,6 @@ class PollLoop {
     const std::uint64_t before = e.completions();
     e.progress();
     if (e.completions() != before || e.pending() == 0) return;
-    // A message that is already on its way lands within a few checks: those read no clock (a
-    // clock read costs as much as a check here, and a quarter of a 32-byte allreduce's time
-    // went to them).
-    for (int k = 0; k < kQuickChecks; ++k) {
-      cpu_relax();
-      e.progress();
-      if (e.completions() != before) return;
-    }
     // Spin: cheap polling of shared-memory flags while the peer is likely running right now.
     const auto t0 = Clock::now();
     const auto spin_until = t0 + std::chrono::nanoseconds(static_cast<long long>(budget_ns_));
@@ -143,8 +135,8 @@ class PollLoop {
           yield_every_ = std::min(policy_.yield_every, 2 * yield_every_);
         }
         now = Clock::now();
-      } else if ((iter & (kClockEvery - 1)) == 0) {
-        now = Clock::now();  // the budget is checked every kClockEvery checks
+      } else {
+        now = Clock::now();
       }
     }
     sleep_until_progress(e, dl, before);
@@ -205,9 +197,6 @@ class PollLoop {
 
   // A sched_yield that returns later than this handed the core to another task.
   static constexpr int kBusyYieldUs = 5;
-  // Checks before the first clock read, and between two while spinning (a power of two).
-  static constexpr int kQuickChecks = 16;
-  static constexpr int kClockEvery = 16;
 
   WaitPolicy policy_;
   double budget_ns_ = 50000;
