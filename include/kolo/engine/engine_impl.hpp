@@ -1013,17 +1013,25 @@ class EngineCore {
     }
     const auto tb = clock::now();
     if (batch.size() > 1) bump([](EngineStats& s) { ++s.fused_collectives; });
+    complete_unpacked(responses, batch, tq, ta, tb);
+    return true;
+  }
+
+  // Completes a batch that ran without a fusion buffer (QUEUE until `ta`, ALLREDUCE until `tb`
+  // on each tensor's timeline track).
+  void complete_unpacked(const std::vector<Response>& responses,
+                         const std::vector<std::size_t>& batch, clock::time_point tq,
+                         clock::time_point ta, clock::time_point tb) {
     for (std::size_t j : batch) {
       const Response& r = responses[j];
       if (timeline_.enabled()) {
         const int tr = track_of(r);
-        const std::size_t b = r.p->count * dtype_size(p.dtype);
-        timeline_.record(tr, "QUEUE", tq, ta, p.dtype, b);
-        timeline_.record(tr, "ALLREDUCE", ta, tb, p.dtype, b);
+        const std::size_t b = r.p->count * dtype_size(r.p->dtype);
+        timeline_.record(tr, "QUEUE", tq, ta, r.p->dtype, b);
+        timeline_.record(tr, "ALLREDUCE", ta, tb, r.p->dtype, b);
       }
       complete(r, nullptr);
     }
-    return true;
   }
 
   // The local tensor for a response, or a zero tensor when this rank has joined.
@@ -1162,16 +1170,7 @@ class EngineCore {
           ++s.fused_collectives;
           ++s.direct_collectives;
         });
-        for (std::size_t j : batch) {
-          const Response& r = responses[j];
-          if (timeline_.enabled()) {
-            const std::size_t b = r.p->count * es;
-            const int tr = track_of(r);
-            timeline_.record(tr, "QUEUE", tq, ta, p.dtype, b);
-            timeline_.record(tr, "ALLREDUCE", ta, tb, p.dtype, b);
-          }
-          complete(r, nullptr);
-        }
+        complete_unpacked(responses, batch, tq, ta, tb);
         return;
       }
     }
