@@ -153,33 +153,28 @@ struct CopyOp {  // same type, scale 1, divisor 1: bitwise (the host's memmove)
     return x;
   }
 };
-template <class H>
-struct HalfScaleOp {  // T(float(x) * float(scale / divisor))
+// Same-type scaling: x * f, or with Divide x / f (an average's division alone, scale 1: a
+// true division, one rounding per element, as the host's detail::scaled_copy; a multiplication
+// by 1/divisor differs from it in the last bit).
+template <class H, bool Divide>
+struct HalfScaleOp {  // T(float(x) * f) or T(float(x) / f)
   float f;
-  __device__ H operator()(H x) const { return from_float<H>(__fmul_rn(to_float(x), f)); }
+  __device__ H operator()(H x) const {
+    const float v = to_float(x);
+    return from_float<H>(Divide ? __fdiv_rn(v, f) : __fmul_rn(v, f));
+  }
 };
+template <bool Divide>
 struct FloatScaleOp {
   float f;
-  __device__ float operator()(float x) const { return __fmul_rn(x, f); }
+  __device__ float operator()(float x) const { return Divide ? __fdiv_rn(x, f) : __fmul_rn(x, f); }
 };
+template <bool Divide>
 struct DoubleScaleOp {
   double f;
-  __device__ double operator()(double x) const { return __dmul_rn(x, f); }
-};
-// An average's division alone (scale 1): a true division, one rounding per element, as the
-// host's detail::scaled_copy (a multiplication by 1/divisor differs from it in the last bit).
-template <class H>
-struct HalfDivOp {  // T(float(x) / divisor)
-  float d;
-  __device__ H operator()(H x) const { return from_float<H>(__fdiv_rn(to_float(x), d)); }
-};
-struct FloatDivOp {
-  float d;
-  __device__ float operator()(float x) const { return __fdiv_rn(x, d); }
-};
-struct DoubleDivOp {
-  double d;
-  __device__ double operator()(double x) const { return __ddiv_rn(x, d); }
+  __device__ double operator()(double x) const {
+    return Divide ? __ddiv_rn(x, f) : __dmul_rn(x, f);
+  }
 };
 template <class T>
 struct IntDivOp {  // truncation toward zero in 64 bits
@@ -718,46 +713,26 @@ inline void run_copy(const FusionItem* items, std::size_t n, bool packing, const
   }
 }
 
-// Same-type scaling (floating types; the factor is computed like detail::scaled_copy's).
+// Same-type scaling (floating types; the factor is computed like detail::scaled_copy's): by
+// `factor`, or with Divide divided by it (an average's divisor, scale 1).
+template <bool Divide = false>
 inline void run_scale(const FusionItem* items, std::size_t n, bool packing, const void* buf,
                       DataType t, double factor, cudaStream_t stream, const char* who) {
+  const auto f = static_cast<float>(factor);
   switch (t) {
     case DataType::float16:
       return run_batch<kolo::float16, kolo::float16>(
-          items, n, packing, buf, HalfScaleOp<kolo::float16>{static_cast<float>(factor)}, stream,
-          who);
+          items, n, packing, buf, HalfScaleOp<kolo::float16, Divide>{f}, stream, who);
     case DataType::bfloat16:
       return run_batch<kolo::bfloat16, kolo::bfloat16>(
-          items, n, packing, buf, HalfScaleOp<kolo::bfloat16>{static_cast<float>(factor)}, stream,
-          who);
+          items, n, packing, buf, HalfScaleOp<kolo::bfloat16, Divide>{f}, stream, who);
     case DataType::float32:
-      return run_batch<float, float>(items, n, packing, buf,
-                                     FloatScaleOp{static_cast<float>(factor)}, stream, who);
+      return run_batch<float, float>(items, n, packing, buf, FloatScaleOp<Divide>{f}, stream, who);
     case DataType::float64:
-      return run_batch<double, double>(items, n, packing, buf, DoubleScaleOp{factor}, stream, who);
+      return run_batch<double, double>(items, n, packing, buf, DoubleScaleOp<Divide>{factor},
+                                       stream, who);
     default:
       throw ConfigError(std::string(who) + ": cannot scale " + std::string(dtype_name(t)));
-  }
-}
-
-// Same-type division by an average's divisor (floating types, scale 1; see HalfDivOp).
-inline void run_divide(const FusionItem* items, std::size_t n, const void* buf, DataType t,
-                       int divisor, cudaStream_t stream, const char* who) {
-  const auto fd = static_cast<float>(divisor);
-  switch (t) {
-    case DataType::float16:
-      return run_batch<kolo::float16, kolo::float16>(items, n, false, buf,
-                                                     HalfDivOp<kolo::float16>{fd}, stream, who);
-    case DataType::bfloat16:
-      return run_batch<kolo::bfloat16, kolo::bfloat16>(items, n, false, buf,
-                                                       HalfDivOp<kolo::bfloat16>{fd}, stream, who);
-    case DataType::float32:
-      return run_batch<float, float>(items, n, false, buf, FloatDivOp{fd}, stream, who);
-    case DataType::float64:
-      return run_batch<double, double>(items, n, false, buf,
-                                       DoubleDivOp{static_cast<double>(divisor)}, stream, who);
-    default:
-      throw ConfigError(std::string(who) + ": cannot divide " + std::string(dtype_name(t)));
   }
 }
 
@@ -846,7 +821,7 @@ inline void unpack(const FusionItem* items, std::size_t n, DataType wire, DataTy
   } else if (scale == 1.0 && divisor == 1) {
     kd::run_copy(items, n, false, buf, out, stream, who);
   } else if (dtype_is_floating(out) && scale == 1.0) {
-    kd::run_divide(items, n, buf, out, divisor, stream, who);  // the host's true division
+    kd::run_scale<true>(items, n, false, buf, out, divisor, stream, who);  // x / divisor
   } else if (dtype_is_floating(out)) {
     kd::run_scale(items, n, false, buf, out, scale / divisor, stream, who);
   } else {
