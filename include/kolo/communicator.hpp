@@ -39,6 +39,7 @@
 #include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/options.hpp"
 #include "kolo/algorithm/registry.hpp"
+#include "kolo/algorithm/ring_allreduce.hpp"
 #include "kolo/algorithm/ring_allreduce_wire.hpp"
 #include "kolo/algorithm/rooted.hpp"
 #include "kolo/algorithm/selector.hpp"
@@ -185,6 +186,8 @@ class Communicator {
   // The last allreduce read the peers' Buffers in place (allocate(); last_allreduce_algorithm()
   // then still names what the Selector would have run).
   bool last_allreduce_zero_copy() const { return last_zero_copy_; }
+  // The options this communicator was built with (its KOLO_* settings, read once).
+  const CommunicatorOptions& options() const { return opts_; }
   // This rank's host and cross-host groups (hierarchical allreduce).
   const HostGroups& host_groups() const { return groups_; }
 
@@ -203,6 +206,16 @@ class Communicator {
   // zero-copy path nobody else reads it, so the caller saves packing it; on any other path it
   // is copied into `buf` first.
   void allreduce_to(TensorView buf, ReduceOp op, BlockSink sink, BlockSource own = {});
+  // Allreduces a list of tensors as one collective (torch.distributed's allreduce_coalesced,
+  // what a fusion buffer is for): out[i] = the reduction of every rank's in[i]. All tensors have
+  // one dtype; in[i] and out[i] have the same count and may be the same memory (in place), no
+  // other two may overlap. Every rank passes the same counts in the same order. On a transport
+  // with vectored messages (the default mesh: shared memory and TCP) it runs the ring allreduce
+  // over the tensors laid end to end, each message reading and writing the tensors' own memory:
+  // no copy into a buffer and back. Elsewhere (MPI) the tensors are packed into one buffer, the
+  // usual allreduce runs on it, and the result is copied back out.
+  void allreduce_coalesced(std::span<const TensorView> in, std::span<const TensorView> out,
+                           ReduceOp op = ReduceOp::sum);
   // In place on any contiguous range: comm.allreduce(vec), comm.allreduce(vec, ReduceOp::max).
   // A Buffer from allocate() (its own checks first: see allocate below).
   template <ContiguousBuffer R>
@@ -478,7 +491,11 @@ class Communicator {
   std::vector<std::byte> wire_buffer_;     // allreduce_compressed off the ring: the 16-bit copy
   std::vector<std::byte> reduce_scratch_;  // a non-root's discarded result of a large reduce
   std::shared_ptr<detail::RegionRegistry> regions_;  // allocate(): this communicator's Buffers
-  std::vector<const std::byte*> zc_in_;              // the zero-copy allreduce's peer pointers
+  PieceMap pieces_;                                  // allreduce_coalesced's tensors
+  std::vector<std::byte> coalesce_buf_;              // ... packed, without vectored messages
+  std::vector<PieceMap::Part> parts_;                // allreduce_coalesced: their list
+  std::vector<std::pair<const std::byte*, std::size_t>> spans_;  // its overlap check
+  std::vector<const std::byte*> zc_in_;  // the zero-copy allreduce's peer pointers
   std::vector<std::byte*> zc_out_;
   std::vector<std::uint64_t> p2p_sent_;      // per peer: sends posted (signature sequence)
   std::vector<std::uint64_t> p2p_received_;  // per peer: receives posted
@@ -584,6 +601,114 @@ void Communicator<T>::allreduce_impl(TensorView in, TensorView out, ReduceOp op,
   if (sink && !last_zero_copy_ && out.count > 0) {
     sink(0, out.count, static_cast<const std::byte*>(out.data));
   }
+}
+
+template <class T>
+void Communicator<T>::allreduce_coalesced(std::span<const TensorView> in,
+                                          std::span<const TensorView> out, ReduceOp op) {
+  const DataType dtype = in.empty() ? DataType::float32 : in.front().dtype;
+  std::size_t total = 0;
+  for (const TensorView& v : in) total += v.count;
+  run(Collective::allreduce, dtype, op, total, -1, 0, [&](const AlgoOptions& opt) {
+    const char* what = "allreduce_coalesced";
+    if (in.size() != out.size()) {
+      throw ConfigError(std::string(what) + ": " + std::to_string(in.size()) + " inputs but " +
+                        std::to_string(out.size()) + " outputs");
+    }
+    const std::size_t es = dtype_size(dtype);
+    parts_.clear();
+    spans_.clear();
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const TensorView& a = in[i];
+      const TensorView& b = out[i];
+      // Checked without building a string unless one fails (the engine calls this every step).
+      if (a.device != Device::cpu() || b.device != Device::cpu() || a.dtype != dtype ||
+          b.dtype != dtype || a.count != b.count || (a.count > 0 && (!a.data || !b.data))) {
+        const std::string at = std::string(what) + " tensor " + std::to_string(i);
+        if (a.device != Device::cpu() || b.device != Device::cpu()) {
+          throw ConfigError(at + " is on a CUDA device: allreduce_coalesced needs host memory");
+        }
+        check_cpu(a, (at + " input").c_str());
+        check_cpu(b, (at + " output").c_str());
+        same_type(a, b, at.c_str());
+        if (a.dtype != dtype) {
+          throw ConfigError(at + ": dtype " + std::string(dtype_name(a.dtype)) +
+                            ", but tensor 0 is " + std::string(dtype_name(dtype)) +
+                            " (one dtype per call)");
+        }
+        throw ConfigError(at + ": input has " + std::to_string(a.count) +
+                          " elements but output has " + std::to_string(b.count));
+      }
+      check_overlap(what, a, b, a.data);
+      if (in[i].count == 0) continue;
+      const auto* ib = static_cast<const std::byte*>(in[i].data);
+      auto* ob = static_cast<std::byte*>(out[i].data);
+      const std::size_t nb = in[i].count * es;
+      // Tensors that follow each other in memory, inputs and outputs alike, are one part.
+      if (!parts_.empty() && parts_.back().in + parts_.back().bytes == ib &&
+          parts_.back().out + parts_.back().bytes == ob) {
+        parts_.back().bytes += nb;
+      } else {
+        parts_.push_back({ib, ob, nb});
+      }
+      spans_.emplace_back(ob, nb);
+    }
+    // No output may overlap another output, or another tensor's input: sorted, the outputs
+    // must be disjoint, and an input may meet only its own output, exactly (in place).
+    std::sort(spans_.begin(), spans_.end());
+    for (std::size_t k = 1; k < spans_.size(); ++k) {
+      if (spans_[k - 1].first + spans_[k - 1].second > spans_[k].first) {
+        throw ConfigError(std::string(what) +
+                          ": two outputs overlap; every output needs memory "
+                          "of its own");
+      }
+    }
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      if (in[i].count == 0) continue;
+      const auto* ib = static_cast<const std::byte*>(in[i].data);
+      const std::size_t b = in[i].count * es;
+      auto it =
+          std::lower_bound(spans_.begin(), spans_.end(), std::make_pair(ib + b, std::size_t{0}));
+      if (it == spans_.begin()) continue;
+      --it;  // the last output that starts before this input ends
+      const bool overlaps = it->first + it->second > ib;
+      const bool own = it->first == static_cast<const std::byte*>(out[i].data) && ib == it->first;
+      if (overlaps && !own) {
+        throw ConfigError(std::string(what) + ": the input of tensor " + std::to_string(i) +
+                          " overlaps another tensor's output");
+      }
+    }
+    last_zero_copy_ = false;
+    last_allreduce_ = AllreduceAlgorithm::ring;
+    // The ring reads and writes the tensors in place when the Selector runs the ring for this
+    // size anyway (the same choice on every rank); another algorithm runs on a packed copy.
+    bool pieces = false;
+    if constexpr (VectoredP2P<T>) {
+      pieces = size() == 1 || selector_.template select<AllreduceAlgorithm>(total * es) ==
+                                  AllreduceAlgorithm::ring;
+    }
+    if (pieces) {
+      pieces_.assign(parts_);
+      allreduce_ring_pieces(*transport_, pieces_, dtype, op, opt);
+    } else {
+      // Packed into one buffer, the usual allreduce, unpacked.
+      std::vector<std::byte>& buf = coalesce_buf_;
+      buf.resize(total * es);
+      std::size_t off = 0;
+      for (const PieceMap::Part& p : parts_) {
+        std::memcpy(buf.data() + off, p.in, p.bytes);
+        off += p.bytes;
+      }
+      if (size() > 1) {
+        run_allreduce(buf.data(), buf.data(), total, dtype, op, opt);
+      }
+      off = 0;
+      for (const PieceMap::Part& p : parts_) {
+        std::memcpy(p.out, buf.data() + off, p.bytes);
+        off += p.bytes;
+      }
+    }
+  });
 }
 
 template <class T>

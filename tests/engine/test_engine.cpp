@@ -452,81 +452,95 @@ TEST_CASE(
   // Views into one flat buffer (as DDP's bucket views or a flat gradient buffer give) are the
   // packed layout already: such a batch runs on the tensors' own memory. Rank 1 keeps separate
   // tensors, so the same collective meets a direct batch on some ranks and a packed one on
-  // others. In place, out of place, average, postscale.
-  auto engine = make_engine();
-  const int n = engine.size(), r = engine.rank();
-  const bool flat = r != 1;
-  constexpr std::size_t kTensors = 40;
-  auto count_of = [](std::size_t k) { return 17 + (k * 5) % 23; };
-  std::size_t total = 0;
-  for (std::size_t k = 0; k < kTensors; ++k) total += count_of(k);
-  auto val = [](int rank, std::size_t k, std::size_t i) {
-    return static_cast<float>((rank + 3 * k + i) % 7);
-  };
-  auto sum = [&](std::size_t k, std::size_t i) {
-    float s = 0;
-    for (int q = 0; q < n; ++q) s += val(q, k, i);
-    return s;
-  };
-  struct Layout {
-    std::vector<float> in_flat, out_flat;
-    std::vector<std::vector<float>> in_sep, out_sep;
-  };
-  for (int variant = 0; variant < 4; ++variant) {
-    // 0: in place, sum; 1: out of place, sum; 2: in place, average; 3: in place, postscale 0.5
-    const bool out_of_place = variant == 1;
-    const ReduceOp op = variant == 2 ? ReduceOp::average : ReduceOp::sum;
-    const double post = variant == 3 ? 0.5 : 1.0;
-    Layout L;
-    L.in_flat.assign(total, 0.0f);
-    L.out_flat.assign(total, -1.0f);
-    for (std::size_t k = 0; k < kTensors; ++k) {
-      L.in_sep.emplace_back(count_of(k));
-      L.out_sep.emplace_back(count_of(k), -1.0f);
-    }
-    std::vector<TensorView> in(kTensors), out(kTensors);
-    std::size_t off = 0;
-    for (std::size_t k = 0; k < kTensors; ++k) {
-      float* pi = flat ? L.in_flat.data() + off : L.in_sep[k].data();
-      float* po = flat ? L.out_flat.data() + off : L.out_sep[k].data();
-      for (std::size_t i = 0; i < count_of(k); ++i) pi[i] = val(r, k, i);
-      in[k] = TensorView(pi, count_of(k), DataType::float32);
-      out[k] = out_of_place ? TensorView(po, count_of(k), DataType::float32) : in[k];
-      off += count_of(k);
-    }
-    const auto before = engine.stats();
-    for (int step = 0; step < 3; ++step) {  // negotiated once, then cached
-      if (step > 0) {
+  // others. In place, out of place, average, postscale. Once with fused batches in pieces (the
+  // default: the ring reads and writes every tensor in place, flat or not) and once through the
+  // fusion buffer (KOLO_FUSION_PIECES=off), where only the flat ranks skip the copies.
+  for (const bool in_pieces : {true, false}) {
+    kolo::EngineOptions opts = kolo::EngineOptions::from_env();
+    opts.fusion_pieces = in_pieces;
+    auto engine = make_engine(opts);
+    const int n = engine.size(), r = engine.rank();
+    const bool flat = r != 1;
+    constexpr std::size_t kTensors = 40;
+    auto count_of = [](std::size_t k) { return 17 + (k * 5) % 23; };
+    std::size_t total = 0;
+    for (std::size_t k = 0; k < kTensors; ++k) total += count_of(k);
+    auto val = [](int rank, std::size_t k, std::size_t i) {
+      return static_cast<float>((rank + 3 * k + i) % 7);
+    };
+    auto sum = [&](std::size_t k, std::size_t i) {
+      float s = 0;
+      for (int q = 0; q < n; ++q) s += val(q, k, i);
+      return s;
+    };
+    struct Layout {
+      std::vector<float> in_flat, out_flat;
+      std::vector<std::vector<float>> in_sep, out_sep;
+    };
+    for (int variant = 0; variant < 4; ++variant) {
+      // 0: in place, sum; 1: out of place, sum; 2: in place, average; 3: in place, postscale 0.5
+      const bool out_of_place = variant == 1;
+      const ReduceOp op = variant == 2 ? ReduceOp::average : ReduceOp::sum;
+      const double post = variant == 3 ? 0.5 : 1.0;
+      Layout L;
+      L.in_flat.assign(total, 0.0f);
+      L.out_flat.assign(total, -1.0f);
+      for (std::size_t k = 0; k < kTensors; ++k) {
+        L.in_sep.emplace_back(count_of(k));
+        L.out_sep.emplace_back(count_of(k), -1.0f);
+      }
+      std::vector<TensorView> in(kTensors), out(kTensors);
+      std::size_t off = 0;
+      for (std::size_t k = 0; k < kTensors; ++k) {
+        float* pi = flat ? L.in_flat.data() + off : L.in_sep[k].data();
+        float* po = flat ? L.out_flat.data() + off : L.out_sep[k].data();
+        for (std::size_t i = 0; i < count_of(k); ++i) pi[i] = val(r, k, i);
+        in[k] = TensorView(pi, count_of(k), DataType::float32);
+        out[k] = out_of_place ? TensorView(po, count_of(k), DataType::float32) : in[k];
+        off += count_of(k);
+      }
+      const auto before = engine.stats();
+      for (int step = 0; step < 3; ++step) {  // negotiated once, then cached
+        if (step > 0) {
+          for (std::size_t k = 0; k < kTensors; ++k) {
+            auto* pi = static_cast<float*>(in[k].data);
+            for (std::size_t i = 0; i < count_of(k); ++i) pi[i] = val(r, k, i);
+          }
+        }
+        std::vector<kolo::Handle> hs;
         for (std::size_t k = 0; k < kTensors; ++k) {
-          auto* pi = static_cast<float*>(in[k].data);
-          for (std::size_t i = 0; i < count_of(k); ++i) pi[i] = val(r, k, i);
+          hs.push_back(
+              engine.allreduce_async("flat" + std::to_string(variant) + "/" + std::to_string(k),
+                                     in[k], op, 1.0, post, out_of_place ? out[k] : TensorView{}));
         }
-      }
-      std::vector<kolo::Handle> hs;
-      for (std::size_t k = 0; k < kTensors; ++k) {
-        hs.push_back(
-            engine.allreduce_async("flat" + std::to_string(variant) + "/" + std::to_string(k),
-                                   in[k], op, 1.0, post, out_of_place ? out[k] : TensorView{}));
-      }
-      for (auto& h : hs) h.wait();
-      std::size_t wrong = 0;
-      for (std::size_t k = 0; k < kTensors; ++k) {
-        const auto* po = static_cast<const float*>(out[k].data);
-        for (std::size_t i = 0; i < count_of(k); ++i) {
-          float want = sum(k, i);
-          if (op == ReduceOp::average) want /= static_cast<float>(n);
-          if (post != 1.0) want *= 0.5f;
-          wrong += po[i] != want;
+        for (auto& h : hs) h.wait();
+        std::size_t wrong = 0;
+        for (std::size_t k = 0; k < kTensors; ++k) {
+          const auto* po = static_cast<const float*>(out[k].data);
+          for (std::size_t i = 0; i < count_of(k); ++i) {
+            float want = sum(k, i);
+            if (op == ReduceOp::average) want /= static_cast<float>(n);
+            if (post != 1.0) want *= 0.5f;
+            wrong += po[i] != want;
+          }
+          if (out_of_place) {  // inputs untouched
+            const auto* pi = static_cast<const float*>(in[k].data);
+            for (std::size_t i = 0; i < count_of(k); ++i) wrong += pi[i] != val(r, k, i);
+          }
         }
-        if (out_of_place) {  // inputs untouched
-          const auto* pi = static_cast<const float*>(in[k].data);
-          for (std::size_t i = 0; i < count_of(k); ++i) wrong += pi[i] != val(r, k, i);
-        }
+        CHECK_MESSAGE(wrong == 0, "variant " << variant << " step " << step);
       }
-      CHECK_MESSAGE(wrong == 0, "variant " << variant << " step " << step);
+      const auto after = engine.stats();
+      // A postscale keeps a batch out of pieces (the collective would not apply it).
+      const bool pieces = in_pieces && n > 1 && post == 1.0;
+      if (pieces) {
+        CHECK(after.piece_collectives > before.piece_collectives);
+        CHECK(after.direct_collectives == before.direct_collectives);
+      } else {
+        CHECK(after.piece_collectives == before.piece_collectives);
+        if (flat && n > 1) CHECK(after.direct_collectives > before.direct_collectives);
+        if (!flat) CHECK(after.direct_collectives == before.direct_collectives);
+      }
     }
-    const auto after = engine.stats();
-    if (flat && n > 1) CHECK(after.direct_collectives > before.direct_collectives);
-    if (!flat) CHECK(after.direct_collectives == before.direct_collectives);
   }
 }

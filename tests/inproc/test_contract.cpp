@@ -20,6 +20,10 @@ static_assert(kolo::Connectable<kolo::ShmTransport> && kolo::Connectable<kolo::T
               kolo::Connectable<kolo::RoutedTransport>);
 static_assert(!kolo::HasNativeAllreduce<kolo::MeshTransport> &&
               !kolo::AcceptsDeviceBuffers<kolo::MeshTransport>);
+// Vectored messages (allreduce_coalesced in pieces): the mesh family has them, others pack.
+static_assert(kolo::VectoredP2P<kolo::MeshTransport> && kolo::VectoredP2P<kolo::ShmTransport> &&
+              kolo::VectoredP2P<kolo::TcpTransport> && kolo::VectoredP2P<kolo::RoutedTransport> &&
+              !kolo::VectoredP2P<kolo::InprocTransport>);
 
 }  // namespace
 

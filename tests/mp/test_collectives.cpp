@@ -381,3 +381,88 @@ TEST_CASE("broadcast: the expected algorithm runs (KOLO_TEST_EXPECT_BROADCAST)")
   CHECK(std::string(kolo::algorithm_name(c.last_broadcast_algorithm())) == want->first);
   CHECK(std::count(v.begin(), v.end(), 7) == static_cast<std::ptrdiff_t>(v.size()));
 }
+
+namespace {
+
+// The tensors of one allreduce_coalesced case: their counts, and whether they lie back to back
+// in memory (merged into one run) or apart (a gap of 3 elements between neighbours).
+struct CoalescedLayout {
+  std::vector<std::size_t> counts;
+  bool apart = true;
+};
+
+std::vector<CoalescedLayout> coalesced_layouts(bool large) {
+  std::vector<CoalescedLayout> v;
+  v.push_back({{}, true});
+  v.push_back({{0}, true});
+  v.push_back({{1, 0, 7, 1000, 3}, true});
+  v.push_back({{1, 0, 7, 1000, 3}, false});
+  if (large) {
+    std::vector<std::size_t> many;  // 300 small tensors, some empty, across several segments
+    for (std::size_t i = 0; i < 300; ++i) many.push_back((i * 37) % 97);
+    many.push_back(70001);  // one that spans several ring segments by itself
+    many.push_back(2);
+    v.push_back({many, true});
+    v.push_back({many, false});
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("coalesced allreduce: every dtype x op, tensor lists apart and back to back") {
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  for (DataType dt : kolo::all_dtypes) {
+    kolo::visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      for (ReduceOp op : kolo::all_reduce_ops) {
+        const bool large = dt == DataType::float32 || dt == DataType::int64;
+        for (const CoalescedLayout& lay : coalesced_layouts(large)) {
+          const std::size_t gap = lay.apart ? 3 : 0;
+          std::size_t total = 0;
+          for (std::size_t k : lay.counts) total += k + gap;
+          for (bool in_place : {false, true}) {
+            std::vector<T> in(total + 1, from_double<T>(55)), out(total + 1, from_double<T>(99));
+            std::vector<TensorView> ins, outs;
+            std::size_t at = 0, logical = 0;
+            for (std::size_t k : lay.counts) {
+              for (std::size_t i = 0; i < k; ++i) {
+                in[at + i] = from_double<T>(input_value<T>(op, r, logical + i));
+              }
+              ins.emplace_back(in.data() + at, k, dt);
+              outs.emplace_back((in_place ? in : out).data() + at, k, dt);
+              at += k + gap;
+              logical += k;
+            }
+            const std::vector<T> original = in;
+            c.allreduce_coalesced(ins, outs, op);
+            const std::vector<T>& res = in_place ? in : out;
+            std::size_t wrong = 0, touched = 0, gaps = 0;
+            at = 0;
+            logical = 0;
+            for (std::size_t k : lay.counts) {
+              for (std::size_t i = 0; i < k; ++i) {
+                wrong += !close(res[at + i], expected_value<T>(op, n, logical + i), op);
+                if (!in_place) touched += std::memcmp(&in[at + i], &original[at + i], sizeof(T));
+              }
+              for (std::size_t i = k; i < k + gap; ++i) {  // between tensors: never written
+                gaps += !close(res[at + i], in_place ? 55 : 99, ReduceOp::sum);
+              }
+              at += k + gap;
+              logical += k;
+            }
+            gaps += !close(res[total], in_place ? 55 : 99, ReduceOp::sum);
+            const std::string what = label("allreduce_coalesced", dt, logical,
+                                           in_place ? "in-place" : "out-of-place", op, true) +
+                                     " tensors=" + std::to_string(lay.counts.size()) +
+                                     (lay.apart ? " apart" : " packed");
+            CHECK_MESSAGE(wrong == 0, what);
+            CHECK_MESSAGE(touched == 0, what << ": input modified");
+            CHECK_MESSAGE(gaps == 0, what << ": memory between tensors written");
+          }
+        }
+      }
+    });
+  }
+}

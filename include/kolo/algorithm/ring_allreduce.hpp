@@ -49,6 +49,53 @@ inline void allreduce_ring(TransportRef t, const void* in, void* out, std::size_
   });
 }
 
+// The same ring over a list of tensors (`map`: each one's input and output), in pieces: the
+// messages of the ring over the tensors laid end to end, each posted as a vectored send or
+// receive (TransportRef::vectored() must be true) that reads and writes the tensors' own
+// memory. What a fused batch costs without a fusion buffer: no pack and no unpack pass.
+inline void allreduce_ring_pieces(TransportRef t, PieceMap& map, DataType dtype, ReduceOp op,
+                                  const AlgoOptions& opt) {
+  const std::size_t es = dtype_size(dtype);
+  const std::size_t count = map.bytes() / es;
+  const int n = t.size();
+  const int r = t.rank();
+  if (count == 0) return;
+  if (n == 1) {
+    for (std::size_t k = 0; k < map.parts(); ++k) {
+      const PieceMap::Part& p = map.part(k);
+      if (p.bytes > 0 && p.in != p.out) std::memcpy(p.out, p.in, p.bytes);
+    }
+    return;
+  }
+  if (!t.vectored()) throw Error("allreduce_ring_pieces: the transport has no vectored messages");
+  const ReduceSpec rs{reduce_function(dtype, op), es};
+  const std::vector<PieceStage> stages = ring_allreduce_stage_list<PieceStage>(
+      r, n, PieceAddr{PieceAddr::in, 0}, PieceAddr{PieceAddr::out, 0}, count, es);
+  // Every message's pieces stay put until it completes: room for all of them up front.
+  const std::size_t seg = std::max(es, opt.segment_bytes / es * es);
+  std::size_t room = 0;
+  for (const PieceStage& st : stages) {
+    room += detail::segment_count(st.send_bytes, seg) + map.pieces_of(st.send.off, st.send_bytes);
+    room += detail::segment_count(st.recv_bytes, seg) + map.pieces_of(st.recv.off, st.recv_bytes);
+  }
+  map.reserve(room);
+  const std::size_t last_rs = static_cast<std::size_t>(n - 2);
+  const BlockRange owned = even_block(count, n, mod(r + 1, n));
+  auto finish = [&](std::size_t stage, std::size_t off, std::size_t len) {
+    if (op != ReduceOp::average || stage != last_rs || len == 0) return;
+    map.for_runs(owned.begin * es + off, len, [&](std::size_t k, std::size_t at, std::size_t m) {
+      finish_average(map.part(k).out + at, m / es, dtype, n);
+    });
+  };
+  BasicRingRun<PieceStage> ring(
+      t, stages, rs, opt,
+      [](void* c, std::size_t stage, std::size_t off, std::size_t len) {
+        (*static_cast<decltype(finish)*>(c))(stage, off, len);
+      },
+      &finish, &map);
+  while (!ring.progress()) t.wait_any_progress(opt.deadline);
+}
+
 namespace cost {
 
 // Ring: reduce-scatter + allgather, each n-1 steps of S/n bytes.

@@ -13,6 +13,7 @@
 #include <concepts>
 #include <cstddef>
 #include <deque>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -31,6 +32,106 @@ struct RingStage {
   std::byte* recv = nullptr;         // destination of the received block
   const std::byte* local = nullptr;  // reduce: dst = local (op) incoming; nullptr: plain copy
   std::size_t recv_bytes = 0;
+};
+
+// A ring over a list of tensors instead of one buffer (Communicator::allreduce_coalesced, the
+// engine's fused batches): the collective's buffer is the tensors laid end to end, a logical
+// byte range that no memory holds. A stage's addresses are offsets into it, on the input side
+// (the tensors' inputs) or the output side, and each message is posted in pieces (IoPiece,
+// transport VectoredP2P) that name the tensors' own memory: no pack, no unpack.
+struct PieceAddr {
+  enum Side : unsigned char { none, in, out };
+  Side side = none;
+  std::size_t off = 0;
+  PieceAddr() = default;
+  PieceAddr(std::nullptr_t) {}  // NOLINT(google-explicit-constructor): "no local operand"
+  PieceAddr(Side s, std::size_t o) : side(s), off(o) {}
+  PieceAddr operator+(std::size_t d) const { return {side, off + d}; }
+  explicit operator bool() const { return side != none; }
+};
+
+struct PieceStage {
+  PieceAddr send;
+  std::size_t send_bytes = 0;
+  PieceAddr recv;
+  PieceAddr local;  // set: reduce into recv from local (op) incoming; none: plain copy
+  std::size_t recv_bytes = 0;
+};
+
+// The tensors of a ring over pieces, in order, and the pieces of the messages posted so far.
+class PieceMap {
+ public:
+  struct Part {
+    const std::byte* in;
+    std::byte* out;
+    std::size_t bytes;
+  };
+  // Sets the tensors (empty ones may be left out); `ends` gets each one's end offset.
+  void assign(std::span<const Part> parts) {
+    parts_.assign(parts.begin(), parts.end());
+    ends_.resize(parts_.size());
+    std::size_t e = 0;
+    for (std::size_t i = 0; i < parts_.size(); ++i) ends_[i] = e += parts_[i].bytes;
+    arena_.clear();
+  }
+  std::size_t bytes() const { return ends_.empty() ? 0 : ends_.back(); }
+  std::size_t parts() const { return parts_.size(); }
+  // Room for `pieces` pieces in all: the pieces of a posted message must not move until it
+  // completes, so the arena never grows while a ring runs (take() checks).
+  void reserve(std::size_t pieces) {
+    arena_.clear();
+    arena_.reserve(pieces);
+  }
+  // The pieces of bytes [a.off, a.off + len) of side a.side, and, for a reduce, the input side
+  // at `local` as each piece's src: appended to the arena, returned as (first, count).
+  std::pair<const IoPiece*, std::size_t> take(PieceAddr a, std::size_t len, PieceAddr local) {
+    if (local && local.off != a.off) throw Error("PieceMap: a reduce's operands differ in offset");
+    const std::size_t first = arena_.size();
+    for_runs(a.off, len, [&](std::size_t k, std::size_t at, std::size_t n) {
+      const Part& p = parts_[k];
+      IoPiece v;
+      if (a.side == PieceAddr::in) {
+        v.src = p.in + at;
+      } else if (local) {
+        v.dst = p.out + at;
+        v.src = p.in + at;
+      } else {
+        v.dst = p.out + at;
+        v.src = p.out + at;  // a send of the output side reads it; a receive ignores src
+      }
+      v.bytes = n;
+      if (arena_.size() == arena_.capacity()) {
+        throw Error("PieceMap: more pieces than reserved (an internal error)");
+      }
+      arena_.push_back(v);
+    });
+    return {arena_.data() + first, arena_.size() - first};
+  }
+  // f(part, offset in it, bytes) for the parts of bytes [off, off + len), in order.
+  template <class F>
+  void for_runs(std::size_t off, std::size_t len, F&& f) const {
+    std::size_t k =
+        static_cast<std::size_t>(std::upper_bound(ends_.begin(), ends_.end(), off) - ends_.begin());
+    const std::size_t end = off + len;
+    for (; k < parts_.size() && off < end; ++k) {
+      const std::size_t b = ends_[k] - parts_[k].bytes;
+      const std::size_t n = std::min(end, ends_[k]) - off;
+      if (n > 0) f(k, off - b, n);
+      off += n;
+    }
+  }
+  const Part& part(std::size_t k) const { return parts_[k]; }
+  // How many pieces a message of bytes [off, off + len) takes at most.
+  std::size_t pieces_of(std::size_t off, std::size_t len) const {
+    const auto lo = std::upper_bound(ends_.begin(), ends_.end(), off);
+    const auto hi = std::lower_bound(lo, ends_.end(), off + len);
+    return static_cast<std::size_t>(hi - lo) + 1;
+  }
+
+ private:
+  std::vector<Part> parts_;
+  std::vector<std::size_t> ends_;
+  std::vector<IoPiece> arena_;
 };
 
 namespace detail {
@@ -73,13 +174,20 @@ using RingReceived = void (*)(void* ctx, std::size_t stage, std::size_t offset, 
 // is done; run_ring waits for the transport between calls. Several rings on disjoint peers can
 // progress in one loop (the pipelined hierarchical allreduce overlaps a ring inside the host
 // with one across hosts). `stages` and `opt` must outlive the object.
-class RingRun {
+//
+// BasicRingRun<PieceStage> is the same ring over the tensors of a PieceMap, in pieces: its
+// messages are those of the ring over the tensors packed end to end, so its peers may run either.
+template <class Stage>
+class BasicRingRun {
  public:
   // `on_received(ctx, t, offset, bytes)` runs after each received segment lands (used to fold
-  // ReduceOp::average's division into the last reduce step; nullptr: nothing).
-  RingRun(TransportRef t, const std::vector<RingStage>& stages, const ReduceSpec& rs,
-          const AlgoOptions& opt, RingReceived on_received = nullptr, void* ctx = nullptr)
+  // ReduceOp::average's division into the last reduce step; nullptr: nothing). `map`: the
+  // tensors of a PieceStage ring (nullptr for RingStage).
+  BasicRingRun(TransportRef t, const std::vector<Stage>& stages, const ReduceSpec& rs,
+               const AlgoOptions& opt, RingReceived on_received = nullptr, void* ctx = nullptr,
+               PieceMap* map = nullptr)
       : t_(t),
+        map_(map),
         stages_(stages),
         rs_(rs),
         opt_(opt),
@@ -120,10 +228,9 @@ class RingRun {
     // segment j has been received (its bytes are what we forward).
     while (send_stage_ < nst) {
       if (send_stage_ > 0 && recv_off_[send_stage_ - 1] + send_seg_ >= recv_done_) break;
-      const RingStage& st = stages_[send_stage_];
+      const Stage& st = stages_[send_stage_];
       const std::size_t off = send_seg_ * seg_;
-      sends_.push_back({send_stage_, send_seg_,
-                        t_.isend(right_, st.send + off, piece(st.send_bytes, off), opt_.sig)});
+      sends_.push_back({send_stage_, send_seg_, post_send(st, off, piece(st.send_bytes, off))});
       if (++send_seg_ == send_segs_[send_stage_]) {
         send_seg_ = 0;
         ++send_stage_;
@@ -145,17 +252,33 @@ class RingRun {
     std::size_t s = 0;
     while (recv_off_[s + 1] <= flat) ++s;
     const std::size_t j = flat - recv_off_[s];
-    const RingStage& st = stages_[s];
+    const Stage& st = stages_[s];
     const std::size_t off = j * seg_;
     const std::size_t len = piece(st.recv_bytes, off);
-    const TransportRef::Request r =
-        st.local ? t_.irecv_reduce(left_, st.recv + off, st.local + off, len, rs_, opt_.sig)
-                 : t_.irecv(left_, st.recv + off, len, opt_.sig);
-    recvs_.push_back({s, j, r});
+    if constexpr (std::is_same_v<Stage, PieceStage>) {
+      const auto v = map_->take(st.recv + off, len, st.local ? st.local + off : PieceAddr{});
+      recvs_.push_back({s, j,
+                        st.local ? t_.irecv_reducev(left_, v.first, v.second, len, rs_, opt_.sig)
+                                 : t_.irecvv(left_, v.first, v.second, len, opt_.sig)});
+    } else {
+      const TransportRef::Request r =
+          st.local ? t_.irecv_reduce(left_, st.recv + off, st.local + off, len, rs_, opt_.sig)
+                   : t_.irecv(left_, st.recv + off, len, opt_.sig);
+      recvs_.push_back({s, j, r});
+    }
+  }
+  TransportRef::Request post_send(const Stage& st, std::size_t off, std::size_t len) {
+    if constexpr (std::is_same_v<Stage, PieceStage>) {
+      const auto v = map_->take(st.send + off, len, PieceAddr{});
+      return t_.isendv(right_, v.first, v.second, len, opt_.sig);
+    } else {
+      return t_.isend(right_, st.send + off, len, opt_.sig);
+    }
   }
 
   TransportRef t_;
-  const std::vector<RingStage>& stages_;
+  PieceMap* map_;
+  const std::vector<Stage>& stages_;
   ReduceSpec rs_;
   const AlgoOptions& opt_;
   RingReceived on_received_;
@@ -168,6 +291,8 @@ class RingRun {
   std::size_t recv_posted_ = 0, recv_done_ = 0;
   std::size_t send_stage_ = 0, send_seg_ = 0;
 };
+
+using RingRun = BasicRingRun<RingStage>;
 
 // Runs the stages to the end; `on_received(ctx, t, offset, bytes)` runs after each received
 // segment lands (used to fold ReduceOp::average's division into the last reduce step; nullptr:

@@ -482,6 +482,20 @@ inline constexpr Var compression{"KOLO_COMPRESSION",
                                  "none, fp16, bf16",
                                  true};
 
+inline constexpr Var fusion_pieces{"KOLO_FUSION_PIECES",
+                                   Kind::choice,
+                                   Section::engine,
+                                   Reader::engine,
+                                   0,
+                                   0,
+                                   "on",
+                                   "fused batches that the ring carries read and write the "
+                                   "tensors in place, in pieces (`on`), or go through the "
+                                   "fusion buffer (`off`: pack, allreduce, unpack)",
+                                   {},
+                                   "on, off",
+                                   true};
+
 inline constexpr Var join_average{"KOLO_JOIN_AVERAGE",
                                   Kind::choice,
                                   Section::engine,
@@ -774,6 +788,7 @@ inline std::span<const Var* const> all_vars() {
       &vars::stall_shutdown_seconds,
       &vars::timeline,
       &vars::compression,
+      &vars::fusion_pieces,
       &vars::join_average,
       &vars::cuda_device,
       &vars::nccl,

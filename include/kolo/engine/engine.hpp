@@ -66,6 +66,10 @@ struct EngineOptions {
   // What an average divides by while ranks have joined (KOLO_JOIN_AVERAGE=world|active): the
   // number of ranks (joined ranks count as zeros) or the number of ranks that contributed.
   JoinAverage join_average = JoinAverage::world_size;
+  // KOLO_FUSION_PIECES (on, off): a fused batch that the ring carries (no scaling, no
+  // compression, no rank joined) reads and writes its tensors in place through vectored messages
+  // (Communicator::allreduce_coalesced) instead of a pack into the fusion buffer and an unpack.
+  bool fusion_pieces = true;
 
   static EngineOptions from_env(const EnvLookup& env = process_env()) {
     EngineOptions o;
@@ -87,6 +91,14 @@ struct EngineOptions {
     if (auto v = config::get_text(env, config::vars::join_average)) {
       o.join_average = parse_join_average(*v);
     }
+    if (auto v = config::get_text(env, config::vars::fusion_pieces)) {
+      if (*v != "on" && *v != "off") {
+        throw ConfigError("KOLO_FUSION_PIECES=" + *v +
+                          " is not one of on (fused batches in pieces, no fusion-buffer copies), "
+                          "off (through the fusion buffer)");
+      }
+      o.fusion_pieces = *v == "on";
+    }
     return o;
   }
 };
@@ -98,6 +110,7 @@ struct EngineStats {
   std::uint64_t uncached_responses = 0;
   std::uint64_t fused_collectives = 0;
   std::uint64_t direct_collectives = 0;     // fused ones on the tensors' own memory (no copies)
+  std::uint64_t piece_collectives = 0;      // fused ones in pieces (fusion_pieces; no copies)
   std::uint64_t zero_copy_collectives = 0;  // allreduces that read the local peers' memory in
                                             // place (the shared fusion buffer, or Buffers)
   std::uint64_t driven_cycles = 0;          // cycles run by a thread waiting in Handle::wait()

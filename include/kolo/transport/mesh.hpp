@@ -160,6 +160,29 @@ class MeshTransport {
     return finish_post(op);
   }
 
+  // Vectored (VectoredP2P): the same messages, their bytes in `pieces` (see IoPiece).
+  Request isendv(int peer, const IoPiece* pieces, std::size_t count, std::size_t bytes,
+                 const Signature& sig) {
+    auto& op = post(peer, detail::OpKind::send, sig, bytes);
+    set_pieces(op, pieces, count, 1, "isendv");
+    return finish_post(op);
+  }
+
+  Request irecvv(int peer, const IoPiece* pieces, std::size_t count, std::size_t bytes,
+                 const Signature& sig) {
+    auto& op = post(peer, detail::OpKind::recv, sig, bytes);
+    set_pieces(op, pieces, count, 1, "irecvv");
+    return finish_post(op);
+  }
+
+  Request irecv_reducev(int peer, const IoPiece* pieces, std::size_t count, std::size_t bytes,
+                        const ReduceSpec& rs, const Signature& sig) {
+    auto& op = post(peer, detail::OpKind::recv_reduce, sig, bytes);
+    op.rs = rs;
+    set_pieces(op, pieces, count, rs.elem_size, "irecv_reducev");
+    return finish_post(op);
+  }
+
   // ---------------- completion ----------------
 
   bool done(Request r) const { return pool_.done(r); }
@@ -268,6 +291,24 @@ class MeshTransport {
     op.done = 0;
     op.begun = false;
     return op;
+  }
+
+  // Checks that the pieces add up to the message and hold whole elements (a reduce never splits
+  // one). On an error the operation is still queued: it fails the transport, as any error does.
+  void set_pieces(detail::StreamOp& op, const IoPiece* pieces, std::size_t count, std::size_t elem,
+                  const char* call) {
+    std::size_t sum = 0;
+    bool whole = true;
+    for (std::size_t i = 0; i < count; ++i) {
+      sum += pieces[i].bytes;
+      whole = whole && pieces[i].bytes % elem == 0;
+    }
+    if (sum != op.bytes || !whole) {
+      fail(Error(std::string(call) + ": the pieces hold " + std::to_string(sum) +
+                 " bytes for a message of " + std::to_string(op.bytes) +
+                 (whole ? "" : ", and a piece splits an element")));
+    }
+    if (count > 0) op.set_pieces(pieces, count);
   }
 
   Request finish_post(detail::StreamOp& op) {

@@ -15,6 +15,7 @@
 // Transport contract).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -43,6 +44,8 @@ struct P2POp {
   const std::byte* src = nullptr;  // send: data; recv_reduce: local operand
   std::byte* dst = nullptr;        // recv, recv_reduce
   std::size_t bytes = 0;
+  const IoPiece* pieces = nullptr;  // vectored (isendv...): the runs; then src and dst are unused
+  std::size_t npieces = 0;
   Signature sig;
   ReduceSpec rs;
   std::uint32_t gen = 0;    // the pool's: bumped when the op completes
@@ -51,9 +54,82 @@ struct P2POp {
 
 // An operation moved in pieces (shared-memory slots, TCP frames): how much has moved, and whether
 // its first piece (the one that carries the Signature and the total size) has.
+//
+// The bytes at `done` are reached through run() and consumed with advance(), which also keeps a
+// vectored operation's cursor (its current piece and the offset in it) in step with `done`.
 struct StreamOp : P2POp {
   std::size_t done = 0;
   bool begun = false;
+  std::size_t piece = 0;     // vectored: the piece holding byte `done`
+  std::size_t piece_at = 0;  // vectored: and its offset in that piece
+
+  // The contiguous memory at byte `done`, at most `max` bytes of it (a null side stays null).
+  struct Run {
+    std::byte* dst;
+    const std::byte* src;
+    std::size_t n;
+  };
+  Run run(std::size_t max) const {
+    if (pieces == nullptr) return {at(dst, done), at(src, done), max};
+    const IoPiece& p = pieces[piece];
+    return {at(p.dst, piece_at), at(p.src, piece_at), std::min(max, p.bytes - piece_at)};
+  }
+  // `n` bytes at `done` have moved.
+  void advance(std::size_t n) {
+    done += n;
+    if (pieces == nullptr) return;
+    piece_at += n;
+    settle();
+  }
+  // Calls f(dst, src, n) for the contiguous runs of the next `n` bytes (n <= bytes - done) and
+  // advances past them.
+  template <class F>
+  void consume(std::size_t n, F&& f) {
+    while (n > 0) {
+      const Run r = run(n);
+      f(r.dst, r.src, r.n);
+      advance(r.n);
+      n -= r.n;
+    }
+  }
+  // Calls f(src, n) for at most `cap` contiguous runs of the send data from `done` on, `max`
+  // bytes at most, without moving (a socket takes them in one call and says how many it took).
+  template <class F>
+  void peek_sends(std::size_t max, std::size_t cap, F&& f) const {
+    if (pieces == nullptr) {
+      if (max > 0 && cap > 0) f(src + done, max);
+      return;
+    }
+    std::size_t k = piece, off = piece_at;
+    for (; k < npieces && max > 0 && cap > 0; ++k, off = 0) {
+      const std::size_t n = std::min(max, pieces[k].bytes - off);
+      if (n == 0) continue;
+      f(pieces[k].src + off, n);
+      max -= n;
+      --cap;
+    }
+  }
+  // Starts a vectored operation on `pieces[0..count)`, which must add up to `bytes`.
+  void set_pieces(const IoPiece* v, std::size_t count) {
+    pieces = v;
+    npieces = count;
+    piece = 0;
+    piece_at = 0;
+    settle();
+  }
+
+ private:
+  template <class P>
+  static P* at(P* p, std::size_t off) {
+    return p == nullptr ? nullptr : p + off;
+  }
+  // The cursor never rests at the end of a piece while another follows (empty ones skipped).
+  void settle() {
+    while (piece + 1 < npieces && piece_at >= pieces[piece].bytes) {
+      piece_at -= pieces[piece].bytes;
+      ++piece;
+    }
+  }
 };
 
 // One peer's operations in one direction, oldest first (slot indices).
@@ -79,6 +155,8 @@ class OpPool {
     op.peer = peer;
     op.src = nullptr;
     op.dst = nullptr;
+    op.pieces = nullptr;
+    op.npieces = 0;
     op.bytes = bytes;
     op.sig = sig;
     op.rs = {};

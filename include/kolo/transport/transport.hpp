@@ -27,6 +27,11 @@
 //    call (MPI_Allreduce, ncclAllReduce), false to fall back to kolo's algorithms.
 //  - AcceptsDeviceBuffers (`static constexpr bool accepts_device_buffers`) and DeviceFusion
 //    (device fusion buffers and pack/unpack kernels, Engine's device path).
+//  - VectoredP2P: `isendv`, `irecvv`, `irecv_reducev`, the three operations of layer 1 on a
+//    message whose bytes lie in several runs of memory (IoPiece lists; see below). The message
+//    on the wire is the same as the contiguous one: a vectored send may meet a plain receive.
+//    The ring over a list of tensors (Communicator::allreduce_coalesced, the engine's fused
+//    batches) needs it; without it those copy into one buffer first.
 //
 // `check_transport<T>()` states each requirement as its own static_assert, so a type that misses
 // one gets a one-line error naming the member, not a page of failed constraints.
@@ -61,6 +66,15 @@ struct ReduceSpec {
   std::size_t elem_size = 1;
 };
 
+// One run of a vectored message (VectoredP2P): `bytes` bytes at `src` (a send's data, a
+// reduce's local operand) and/or at `dst` (where a receive lands). A message is the
+// concatenation of its runs, in order; a reduce's runs are whole elements.
+struct IoPiece {
+  std::byte* dst = nullptr;
+  const std::byte* src = nullptr;
+  std::size_t bytes = 0;
+};
+
 // The largest Request a transport may use (TransportRef carries it by value).
 inline constexpr std::size_t kMaxRequestBytes = 16;
 
@@ -89,6 +103,16 @@ concept PointToPoint = std::is_trivially_copyable_v<typename T::Request> &&
   t.wait(r, dl);
   // Blocks until at least one posted request completes or the deadline passes.
   t.wait_any_progress(dl);
+};
+
+// Optional: the same three operations on messages in pieces. `pieces[0..count)` cover `bytes`
+// and must stay valid, like the memory they name, until the request completes.
+template <class T>
+concept VectoredP2P = requires(T& t, int peer, const IoPiece* pieces, std::size_t count,
+                               std::size_t bytes, const Signature& sig, const ReduceSpec& rs) {
+  { t.isendv(peer, pieces, count, bytes, sig) } -> std::same_as<typename T::Request>;
+  { t.irecvv(peer, pieces, count, bytes, sig) } -> std::same_as<typename T::Request>;
+  { t.irecv_reducev(peer, pieces, count, bytes, rs, sig) } -> std::same_as<typename T::Request>;
 };
 
 // ---------------------------------------------------------------- 2. errors
@@ -278,6 +302,14 @@ consteval bool check_transport() {
     static_assert(HasNativeBarrier<T>,
                   "kolo transport: native_barrier must be `bool native_barrier(const "
                   "AlgoOptions&)`");
+  }
+  if constexpr (
+      requires { &T::isendv; } || requires { &T::irecvv; } || requires { &T::irecv_reducev; }) {
+    static_assert(VectoredP2P<T>,
+                  "kolo transport: vectored messages need all three of `Request isendv(int peer, "
+                  "const IoPiece*, size_t count, size_t bytes, const Signature&)`, irecvv (the "
+                  "same) and `irecv_reducev(int, const IoPiece*, size_t, size_t, const "
+                  "ReduceSpec&, const Signature&)`");
   }
   if constexpr (requires { &T::route_between; }) {
     static_assert(HasPeerRoutes<T>,

@@ -52,6 +52,13 @@ class TransportRef {
     bool (*aborted)(const void* self);
     void (*rethrow)(const void* self);
     double (*timeout_seconds)(const void* self);
+    // VectoredP2P (transport.hpp); nullptr when the transport has none.
+    Request (*isendv)(void* self, int peer, const IoPiece* pieces, std::size_t count,
+                      std::size_t bytes, const Signature& sig);
+    Request (*irecvv)(void* self, int peer, const IoPiece* pieces, std::size_t count,
+                      std::size_t bytes, const Signature& sig);
+    Request (*irecv_reducev)(void* self, int peer, const IoPiece* pieces, std::size_t count,
+                             std::size_t bytes, const ReduceSpec& rs, const Signature& sig);
   };
 
   // The table of transport type T (one per type, built at compile time).
@@ -79,6 +86,20 @@ class TransportRef {
                        const ReduceSpec& rs, const Signature& sig) {
     return vt_->irecv_reduce(self_, global(peer), dst, local, bytes, rs, sig);
   }
+  // Whether the transport takes messages in pieces (VectoredP2P); the three calls below need it.
+  bool vectored() const { return vt_->isendv != nullptr; }
+  Request isendv(int peer, const IoPiece* pieces, std::size_t count, std::size_t bytes,
+                 const Signature& sig) {
+    return vt_->isendv(self_, global(peer), pieces, count, bytes, sig);
+  }
+  Request irecvv(int peer, const IoPiece* pieces, std::size_t count, std::size_t bytes,
+                 const Signature& sig) {
+    return vt_->irecvv(self_, global(peer), pieces, count, bytes, sig);
+  }
+  Request irecv_reducev(int peer, const IoPiece* pieces, std::size_t count, std::size_t bytes,
+                        const ReduceSpec& rs, const Signature& sig) {
+    return vt_->irecv_reducev(self_, global(peer), pieces, count, bytes, rs, sig);
+  }
   bool done(const Request& r) const { return vt_->done(self_, r); }
   bool test(const Request& r) { return vt_->test(self_, r); }
   void wait(const Request& r, const Deadline& dl) { vt_->wait(self_, r, dl); }
@@ -102,6 +123,43 @@ class TransportRef {
     Request out;
     std::memcpy(out.bytes, &r, sizeof(r));
     return out;
+  }
+  template <class T>
+  static constexpr auto isendv_of() {
+    using Fn = Request (*)(void*, int, const IoPiece*, std::size_t, std::size_t, const Signature&);
+    if constexpr (VectoredP2P<T>) {
+      return Fn{
+          [](void* s, int p, const IoPiece* v, std::size_t c, std::size_t b, const Signature& g) {
+            return wrap<T>(static_cast<T*>(s)->isendv(p, v, c, b, g));
+          }};
+    } else {
+      return Fn{nullptr};
+    }
+  }
+  template <class T>
+  static constexpr auto irecvv_of() {
+    using Fn = Request (*)(void*, int, const IoPiece*, std::size_t, std::size_t, const Signature&);
+    if constexpr (VectoredP2P<T>) {
+      return Fn{
+          [](void* s, int p, const IoPiece* v, std::size_t c, std::size_t b, const Signature& g) {
+            return wrap<T>(static_cast<T*>(s)->irecvv(p, v, c, b, g));
+          }};
+    } else {
+      return Fn{nullptr};
+    }
+  }
+  template <class T>
+  static constexpr auto irecv_reducev_of() {
+    using Fn = Request (*)(void*, int, const IoPiece*, std::size_t, std::size_t, const ReduceSpec&,
+                           const Signature&);
+    if constexpr (VectoredP2P<T>) {
+      return Fn{[](void* s, int p, const IoPiece* v, std::size_t c, std::size_t b,
+                   const ReduceSpec& rs, const Signature& g) {
+        return wrap<T>(static_cast<T*>(s)->irecv_reducev(p, v, c, b, rs, g));
+      }};
+    } else {
+      return Fn{nullptr};
+    }
   }
   template <class T>
   static typename T::Request unwrap(const Request& r) {
@@ -139,6 +197,9 @@ constexpr TransportRef::VTable TransportRef::vtable_of{
     [](const void* s) { return static_cast<const T*>(s)->aborted(); },
     [](const void* s) { static_cast<const T*>(s)->rethrow(); },
     [](const void* s) { return static_cast<double>(static_cast<const T*>(s)->timeout_seconds()); },
+    isendv_of<T>(),
+    irecvv_of<T>(),
+    irecv_reducev_of<T>(),
 };
 
 static_assert(check_transport<TransportRef>());

@@ -219,13 +219,25 @@ class FrameDecoder {
       std::size_t n = std::min(avail, std::min(left_, op->bytes - op->done));
       if (reduce) n = n / op->rs.elem_size * op->rs.elem_size;  // whole elements only
       if (n == 0) return Step::need_bytes;  // a partial element: the rest must come first
-      if (reduce) {
-        op->rs.fn(op->dst + op->done, op->src + op->done, buf, n / op->rs.elem_size);
+      if (op->pieces != nullptr) {
+        const std::byte* from = buf;
+        op->consume(n, [&](std::byte* dst, const std::byte* local, std::size_t k) {
+          if (reduce) {
+            op->rs.fn(dst, local, from, k / op->rs.elem_size);
+          } else {
+            std::memcpy(dst, from, k);
+          }
+          from += k;
+        });
       } else {
-        std::memcpy(op->dst + op->done, buf, n);
+        if (reduce) {
+          op->rs.fn(op->dst + op->done, op->src + op->done, buf, n / op->rs.elem_size);
+        } else {
+          std::memcpy(op->dst + op->done, buf, n);
+        }
+        op->done += n;
       }
       beg_ += n;
-      op->done += n;
       left_ -= n;
       if (left_ == 0) type_ = 0;
       if (op->done == op->bytes && type_ == 0) return Step::message_done;
@@ -238,14 +250,19 @@ class FrameDecoder {
   std::span<std::byte> space(StreamOp* op) {
     direct_ = type_ == kFrameData && op != nullptr && beg_ == end_ && left_ >= kDirectReadBytes &&
               op->kind != OpKind::recv_reduce;
-    if (direct_) return {op->dst + op->done, left_};
+    if (direct_) {
+      // A vectored receive reads straight into its current piece when that is large enough.
+      const StreamOp::Run r = op->run(left_);
+      if (r.n >= kDirectReadBytes) return {r.dst, r.n};
+      direct_ = false;
+    }
     return buffer_space();
   }
 
   // `n` bytes were written at the start of the last space(op).
   void received(StreamOp* op, std::size_t n) {
     if (direct_) {
-      op->done += n;
+      op->advance(n);
       left_ -= n;
     } else {
       end_ += n;

@@ -219,7 +219,16 @@ class ShmChannel {
       if (s->full.load(std::memory_order_acquire) != 0) return false;  // ring full: wait
       const std::size_t n = std::min(geometry_.slot_bytes, op.bytes - op.done);
       // n == 0 (an empty message) may come with a null src: memcpy must not see it (UB).
-      if (n > 0) std::memcpy(reinterpret_cast<std::byte*>(s + 1), op.src + op.done, n);
+      auto* to = reinterpret_cast<std::byte*>(s + 1);
+      if (op.pieces == nullptr) {
+        if (n > 0) std::memcpy(to, op.src + op.done, n);
+        op.done += n;
+      } else {
+        op.consume(n, [&to](std::byte*, const std::byte* src, std::size_t k) {
+          std::memcpy(to, src, k);
+          to += k;
+        });
+      }
       s->bytes = n;
       s->first = op.begun ? 0 : 1;
       if (!op.begun) {
@@ -229,7 +238,6 @@ class ShmChannel {
       }
       s->full.store(1, std::memory_order_release);
       ++head_;
-      op.done += n;
       published = true;
     }
     return true;
@@ -254,14 +262,17 @@ class ShmChannel {
       }
       const std::size_t n = s->bytes;
       const auto* data = reinterpret_cast<const std::byte*>(s + 1);
-      if (op.kind == OpKind::recv) {
+      if (op.pieces != nullptr) {
+        deliver_pieces(op, data, n);
+      } else if (op.kind == OpKind::recv) {
         if (n > 0) std::memcpy(op.dst + op.done, data, n);  // dst may be null when n == 0
+        op.done += n;
       } else {
         op.rs.fn(op.dst + op.done, op.src + op.done, data, n / op.rs.elem_size);
+        op.done += n;
       }
       s->full.store(0, std::memory_order_release);
       ++tail_;
-      op.done += n;
       freed = true;
     }
     return true;
@@ -305,6 +316,19 @@ class ShmChannel {
   }
 
  private:
+  // A slot's `n` bytes into a vectored receive's pieces (copied, or folded with op.rs).
+  [[gnu::noinline]] static void deliver_pieces(StreamOp& op, const std::byte* data, std::size_t n) {
+    const bool reduce = op.kind == OpKind::recv_reduce;
+    op.consume(n, [&](std::byte* dst, const std::byte* local, std::size_t k) {
+      if (reduce) {
+        op.rs.fn(dst, local, data, k / op.rs.elem_size);
+      } else {
+        std::memcpy(dst, data, k);
+      }
+      data += k;
+    });
+  }
+
   ShmSlotHeader* slot(std::byte* ring, std::uint64_t i) const {
     return reinterpret_cast<ShmSlotHeader*>(ring + (i % geometry_.slots) * geometry_.stride());
   }

@@ -87,13 +87,15 @@ class TcpChannel {
         if (op.done == op.bytes) return Sent::complete;
         enc_.next_data(op.bytes - op.done);
       }
-      iovec iov[2];
+      // A vectored send's runs go in one call too (up to kIov of them).
+      constexpr std::size_t kIov = 32;
+      iovec iov[kIov + 1];
       int cnt = 0;
       const auto hdr = enc_.header_left();
       if (!hdr.empty()) iov[cnt++] = {const_cast<unsigned char*>(hdr.data()), hdr.size()};
-      if (enc_.payload_left() > 0) {
-        iov[cnt++] = {const_cast<std::byte*>(op.src + op.done), enc_.payload_left()};
-      }
+      op.peek_sends(enc_.payload_left(), kIov, [&](const std::byte* p, std::size_t n) {
+        iov[cnt++] = {const_cast<std::byte*>(p), n};
+      });
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = static_cast<std::size_t>(cnt);
@@ -107,7 +109,7 @@ class TcpChannel {
         error_ = errno;
         return Sent::lost;
       }
-      op.done += enc_.sent(static_cast<std::size_t>(k));
+      op.advance(enc_.sent(static_cast<std::size_t>(k)));
     }
   }
 
@@ -154,7 +156,12 @@ class TcpChannel {
         const auto hdr = enc_.header_left();
         net::send_all(fd_, hdr.data(), hdr.size(), dl, "peer");
         const std::size_t payload = enc_.payload_left();
-        net::send_all(fd_, in_flight->src + in_flight->done, payload, dl, "peer");
+        std::size_t left = payload;
+        in_flight->peek_sends(payload, ~std::size_t{0}, [&](const std::byte* p, std::size_t n) {
+          net::send_all(fd_, p, n, dl, "peer");
+          left -= n;
+        });
+        if (left > 0) throw Error("the message in flight holds fewer bytes than its frame");
         enc_.sent(hdr.size() + payload);
       }
       const std::vector<unsigned char> frame = encode_abort_frame(kind, origin, reason);
