@@ -97,6 +97,21 @@ def rank_main(r, n, config):
     ts = [torch.full((3,), float(r)), torch.full((5,), float(2 * r))]
     dist.all_reduce_coalesced(ts)
     check(torch.all(ts[0] == n * (n - 1) / 2) and torch.all(ts[1] == n * (n - 1)), "coalesced")
+    # ... with an empty tensor, a non-contiguous one (staged through a copy), a large one across
+    # several ring segments, and an average and a max
+    big = torch.arange(100003, dtype=torch.float32) % 7 + r
+    wide = torch.full((4, 6), float(r + 1))
+    col = wide[:, 1]  # stride 6: not contiguous
+    ts = [torch.zeros(0), big, col, torch.full((2,), float(3 * r))]
+    dist.all_reduce_coalesced(ts, op=dist.ReduceOp.AVG)
+    want_big = torch.arange(100003, dtype=torch.float32) % 7 + (n - 1) / 2
+    check(torch.equal(ts[1], want_big), "coalesced avg: large tensor")
+    check(torch.all(wide[:, 1] == (n + 1) / 2) and torch.all(wide[:, 0] == r + 1),
+          f"coalesced avg: strided column {wide}")
+    check(torch.all(ts[3] == 3 * (n - 1) / 2), f"coalesced avg: {ts[3]}")
+    ms = [torch.tensor([r, -r], dtype=torch.int64), torch.tensor([7 * r], dtype=torch.int64)]
+    dist.all_reduce_coalesced(ms, op=dist.ReduceOp.MAX)
+    check(ms[0].tolist() == [n - 1, 0] and ms[1].tolist() == [7 * (n - 1)], f"coalesced max {ms}")
 
     # broadcast from every root
     for root in range(n):

@@ -807,16 +807,47 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::allreduce_coalesced(
   check_same_dtype(tensors, st, "allreduce_coalesced");
   const kolo::ReduceOp op = reduce_op(opts.reduceOp, st, "allreduce_coalesced");
   const auto factor = premul_factor(opts.reduceOp);
-  std::vector<at::Tensor> host;
-  for (const auto& t : tensors) host.push_back(stage(t, "allreduce_coalesced").host);
-  auto flat = std::make_shared<at::Tensor>(gather_flat(host, tensors[0]));
-  auto outs = std::make_shared<std::vector<at::Tensor>>(tensors);
+  // In place on each tensor's host memory (the tensor itself when it is a contiguous CPU
+  // tensor): kolo's coalesced allreduce reads and writes them where they lie, with no flat copy
+  // in and out. The same tensor twice in the list would overlap itself: then through a flat copy.
+  auto staged = std::make_shared<std::vector<Staged>>();
+  bool distinct = true;
+  std::vector<const void*> seen;
+  for (const auto& t : tensors) {
+    staged->push_back(stage(t, "allreduce_coalesced"));
+    const void* p = staged->back().host.data_ptr();
+    if (staged->back().host.numel() > 0) {
+      distinct = distinct && std::find(seen.begin(), seen.end(), p) == seen.end();
+      seen.push_back(p);
+    }
+  }
+  if (!distinct) {
+    std::vector<at::Tensor> host;
+    for (const Staged& s : *staged) host.push_back(s.host);
+    auto flat = std::make_shared<at::Tensor>(gather_flat(host, tensors[0]));
+    auto outs = std::make_shared<std::vector<at::Tensor>>(tensors);
+    return enqueue(
+        c10d::OpType::ALLREDUCE_COALESCED, "kolo:all_reduce_coalesced", tensors,
+        [this, flat, outs, op, factor](Task& task) {
+          if (factor) flat->mul_(*factor);
+          comm_->allreduce(view_of(*flat, "allreduce_coalesced"), op);
+          task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+        },
+        is_sync(opts));
+  }
   return enqueue(
       c10d::OpType::ALLREDUCE_COALESCED, "kolo:all_reduce_coalesced", tensors,
-      [this, flat, outs, op, factor](Task& task) {
-        if (factor) flat->mul_(*factor);
-        comm_->allreduce(view_of(*flat, "allreduce_coalesced"), op);
-        task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+      [this, staged, op, factor](Task& task) {
+        std::vector<kolo::TensorView> views;
+        views.reserve(staged->size());
+        for (Staged& s : *staged) {
+          if (factor) s.host.mul_(*factor);
+          views.push_back(s.view("allreduce_coalesced"));
+        }
+        comm_->allreduce_coalesced(views, views, op);
+        task.after = [staged] {
+          for (const Staged& s : *staged) s.write_back();
+        };
       },
       is_sync(opts));
 }

@@ -100,14 +100,16 @@ struct StreamOp : P2POp {
       if (max > 0 && cap > 0) f(src + done, max);
       return;
     }
-    std::size_t k = piece, off = piece_at;
-    for (; k < npieces && max > 0 && cap > 0; ++k, off = 0) {
-      const std::size_t n = std::min(max, pieces[k].bytes - off);
-      if (n == 0) continue;
-      f(pieces[k].src + off, n);
-      max -= n;
-      --cap;
+    peek(max, cap, [&](const IoPiece& p, std::size_t off, std::size_t n) { f(p.src + off, n); });
+  }
+  // The same for where a vectored receive's next bytes land: f(dst, n).
+  template <class F>
+  void peek_dsts(std::size_t max, std::size_t cap, F&& f) const {
+    if (pieces == nullptr) {
+      if (max > 0 && cap > 0) f(dst + done, max);
+      return;
     }
+    peek(max, cap, [&](const IoPiece& p, std::size_t off, std::size_t n) { f(p.dst + off, n); });
   }
   // Starts a vectored operation on `pieces[0..count)`, which must add up to `bytes`.
   void set_pieces(const IoPiece* v, std::size_t count) {
@@ -119,6 +121,16 @@ struct StreamOp : P2POp {
   }
 
  private:
+  template <class F>
+  void peek(std::size_t max, std::size_t cap, F&& f) const {
+    for (std::size_t k = piece, off = piece_at; k < npieces && max > 0 && cap > 0; ++k, off = 0) {
+      const std::size_t n = std::min(max, pieces[k].bytes - off);
+      if (n == 0) continue;
+      f(pieces[k], off, n);
+      max -= n;
+      --cap;
+    }
+  }
   template <class P>
   static P* at(P* p, std::size_t off) {
     return p == nullptr ? nullptr : p + off;

@@ -30,6 +30,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "kolo/core/error.hpp"
@@ -161,6 +162,10 @@ class FrameDecoder {
     bool eof = false;
   };
 
+  // run()'s default: no vectored reads (every byte goes through read()).
+  struct NoPieceReads {};
+  static constexpr std::size_t kPieceReads = 32;  // runs per vectored read, at most
+
   FrameDecoder() = default;
   // Frames from rank `peer` to rank `self` (the ranks only name the sides in errors).
   FrameDecoder(int peer, int self, std::size_t buffer_bytes = kRecvBufferBytes)
@@ -285,8 +290,11 @@ class FrameDecoder {
   // (ReadResult), `head()` the receive at the head of the queue (nullptr: none), `complete()`
   // retires it. After a completion with no receive left it returns (the bytes behind may be for
   // receives not yet posted).
-  template <class Read, class Head, class Complete>
-  Stop run(Read&& read, Head&& head, Complete&& complete) {
+  //
+  // `read_pieces(runs, count)`, when given, reads into several runs at once (readv): a large
+  // payload of a vectored receive then lands in its pieces directly, as a contiguous one does.
+  template <class Read, class Head, class Complete, class ReadPieces = NoPieceReads>
+  Stop run(Read&& read, Head&& head, Complete&& complete, ReadPieces&& read_pieces = {}) {
     for (;;) {
       StreamOp* op = head();
       switch (parse(op)) {
@@ -300,6 +308,21 @@ class FrameDecoder {
           return Stop::abort;
         case Step::need_bytes:
           break;
+      }
+      if constexpr (!std::is_same_v<std::remove_cvref_t<ReadPieces>, NoPieceReads>) {
+        if (type_ == kFrameData && op != nullptr && op->pieces != nullptr && beg_ == end_ &&
+            left_ >= kDirectReadBytes && op->kind == OpKind::recv) {
+          std::span<std::byte> runs[kPieceReads];
+          std::size_t cnt = 0;
+          op->peek_dsts(left_, kPieceReads, [&](std::byte* p, std::size_t n) {
+            runs[cnt++] = {p, n};
+          });
+          const ReadResult r = read_pieces(runs, cnt);
+          if (r.n == 0) return r.eof ? Stop::closed : Stop::again;
+          op->advance(r.n);
+          left_ -= r.n;
+          continue;
+        }
       }
       const std::span<std::byte> room = space(op);
       if (room.empty()) protocol_error("no room left to receive into");  // parse() prevents it

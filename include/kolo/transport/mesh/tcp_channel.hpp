@@ -118,7 +118,10 @@ class TcpChannel {
   template <class Head, class Complete>
   FrameDecoder::Stop pull(Head&& head, Complete&& complete) {
     const auto stop =
-        dec_.run([this](std::byte* p, std::size_t n) { return read(p, n); }, head, complete);
+        dec_.run([this](std::byte* p, std::size_t n) { return read(p, n); }, head, complete,
+                 [this](const std::span<std::byte>* runs, std::size_t count) {
+                   return read_pieces(runs, count);
+                 });
     if (stop == FrameDecoder::Stop::unposted) data_waiting_ = true;
     if (stop == FrameDecoder::Stop::abort) closed_ = true;
     return stop;
@@ -181,6 +184,25 @@ class TcpChannel {
       if (k < 0 && errno == EINTR) continue;
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return {0, false};
       closed_ = true;  // EOF or reset: an error only if an operation still needs this peer
+      return {0, true};
+    }
+  }
+
+  // read() into several runs with one call (recvmsg, not blocking, as read()'s recv).
+  FrameDecoder::ReadResult read_pieces(const std::span<std::byte>* runs, std::size_t count) {
+    if (closed_) return {0, true};
+    iovec iov[FrameDecoder::kPieceReads];
+    count = std::min(count, FrameDecoder::kPieceReads);
+    for (std::size_t i = 0; i < count; ++i) iov[i] = {runs[i].data(), runs[i].size()};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = count;
+    for (;;) {
+      const ssize_t k = ::recvmsg(fd_, &msg, MSG_DONTWAIT);
+      if (k > 0) return {static_cast<std::size_t>(k), false};
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return {0, false};
+      closed_ = true;  // EOF or reset, as read()
       return {0, true};
     }
   }
