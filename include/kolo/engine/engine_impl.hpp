@@ -850,6 +850,21 @@ class EngineCore {
     prepack_end_ = clock::now();
   }
 
+  // A fused batch whose collective `run` works on the tensors' own memory (no fusion buffer):
+  // timed, counted as fused and in `kind`, and completed.
+  template <class Run>
+  void run_unpacked(std::vector<Response>& responses, const std::vector<std::size_t>& batch,
+                    clock::time_point tq, std::uint64_t EngineStats::*kind, Run&& run) {
+    const auto ta = clock::now();
+    run();
+    const auto tb = clock::now();
+    bump([kind](EngineStats& s) {
+      ++s.fused_collectives;
+      ++(s.*kind);
+    });
+    complete_unpacked(responses, batch, tq, ta, tb);
+  }
+
   // Whether a fused batch of these parameters travels in pieces (allreduce_coalesced), with no
   // fusion buffer: a host allreduce on a transport with vectored messages, unscaled (an average
   // divided by all ranks, as the collective divides), uncompressed, with every rank's tensors
@@ -1181,14 +1196,8 @@ class EngineCore {
         piece_in_.push_back(l->in);
         piece_out_.push_back(l->out);
       }
-      const auto ta = clock::now();
-      comm_.allreduce_coalesced(piece_in_, piece_out_, p.op);
-      const auto tb = clock::now();
-      bump([](EngineStats& s) {
-        ++s.fused_collectives;
-        ++s.piece_collectives;
-      });
-      complete_unpacked(responses, batch, tq, ta, tb);
+      run_unpacked(responses, batch, tq, &EngineStats::piece_collectives,
+                   [&] { comm_.allreduce_coalesced(piece_in_, piece_out_, p.op); });
       return;
     }
     // Fused: one pass in (copy, times the prescale), the collective on the fusion buffer, one
@@ -1201,15 +1210,12 @@ class EngineCore {
       for (std::size_t j : batch) locals_.push_back(responses[j].local);
       TensorView in, out;
       if (direct_ranges(locals_, p.dtype, in, out)) {
-        const auto ta = clock::now();
-        comm_.allreduce(in, out, post ? wire_op : p.op);
-        if (post) detail::scaled_copy(out.data, out.data, out.count, p.dtype, p.postscale, divisor);
-        const auto tb = clock::now();
-        bump([](EngineStats& s) {
-          ++s.fused_collectives;
-          ++s.direct_collectives;
+        run_unpacked(responses, batch, tq, &EngineStats::direct_collectives, [&] {
+          comm_.allreduce(in, out, post ? wire_op : p.op);
+          if (post) {
+            detail::scaled_copy(out.data, out.data, out.count, p.dtype, p.postscale, divisor);
+          }
         });
-        complete_unpacked(responses, batch, tq, ta, tb);
         return;
       }
     }

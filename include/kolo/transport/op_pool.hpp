@@ -96,20 +96,12 @@ struct StreamOp : P2POp {
   // bytes at most, without moving (a socket takes them in one call and says how many it took).
   template <class F>
   void peek_sends(std::size_t max, std::size_t cap, F&& f) const {
-    if (pieces == nullptr) {
-      if (max > 0 && cap > 0) f(src + done, max);
-      return;
-    }
-    peek(max, cap, [&](const IoPiece& p, std::size_t off, std::size_t n) { f(p.src + off, n); });
+    peek(src, &IoPiece::src, max, cap, f);
   }
   // The same for where a vectored receive's next bytes land: f(dst, n).
   template <class F>
   void peek_dsts(std::size_t max, std::size_t cap, F&& f) const {
-    if (pieces == nullptr) {
-      if (max > 0 && cap > 0) f(dst + done, max);
-      return;
-    }
-    peek(max, cap, [&](const IoPiece& p, std::size_t off, std::size_t n) { f(p.dst + off, n); });
+    peek(dst, &IoPiece::dst, max, cap, f);
   }
   // Starts a vectored operation on `pieces[0..count)`, which must add up to `bytes`.
   void set_pieces(const IoPiece* v, std::size_t count) {
@@ -121,12 +113,17 @@ struct StreamOp : P2POp {
   }
 
  private:
-  template <class F>
-  void peek(std::size_t max, std::size_t cap, F&& f) const {
+  // peek_sends / peek_dsts: `whole` is the contiguous operation's pointer, `side` the pieces'.
+  template <class P, class F>
+  void peek(P* whole, P* IoPiece::*side, std::size_t max, std::size_t cap, F& f) const {
+    if (pieces == nullptr) {
+      if (max > 0 && cap > 0) f(whole + done, max);
+      return;
+    }
     for (std::size_t k = piece, off = piece_at; k < npieces && max > 0 && cap > 0; ++k, off = 0) {
       const std::size_t n = std::min(max, pieces[k].bytes - off);
       if (n == 0) continue;
-      f(pieces[k], off, n);
+      f(pieces[k].*side + off, n);
       max -= n;
       --cap;
     }
