@@ -66,7 +66,7 @@ class PieceMap {
     std::byte* out;
     std::size_t bytes;
   };
-  // Sets the tensors (empty ones may be left out); `ends` gets each one's end offset.
+  // Sets the tensors, in order (empty ones may be left out), and each one's end offset.
   void assign(std::span<const Part> parts) {
     parts_.assign(parts.begin(), parts.end());
     ends_.resize(parts_.size());
