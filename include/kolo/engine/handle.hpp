@@ -248,10 +248,17 @@ class StateRef {
   }
   ~StateRef() { reset(); }
 
+  // The last reference needs no read-modify-write: a count of 1 seen by its holder means no
+  // other thread holds one, so none can change the count any more (the acquire load pairs with
+  // the release half of the other holders' decrements). A training step's handles are dropped
+  // by the caller after the engine dropped its reference: one atomic operation per handle less.
   void reset() noexcept {
     HandleState* p = p_;
     p_ = nullptr;
-    if (p && p->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) release_state(p);
+    if (p && (p->refs.load(std::memory_order_acquire) == 1 ||
+              p->refs.fetch_sub(1, std::memory_order_acq_rel) == 1)) {
+      release_state(p);
+    }
   }
   void swap(StateRef& o) noexcept { std::swap(p_, o.p_); }
   // A second reference to a state that no other thread can see yet (just made): the count
