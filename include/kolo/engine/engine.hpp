@@ -183,8 +183,9 @@ class Engine {
   // Reduces `tensor` across ranks under `name`: output (default: in place) =
   // postscale · op_r(prescale · tensor_r); average divides by the number of ranks (or, while
   // ranks have joined, as EngineOptions::join_average says).
-  Handle allreduce_async(std::string_view name, TensorView tensor, ReduceOp op = ReduceOp::sum,
-                         double prescale = 1.0, double postscale = 1.0, TensorView output = {});
+  Handle allreduce_async(std::string_view name, const TensorView& tensor,
+                         ReduceOp op = ReduceOp::sum, double prescale = 1.0, double postscale = 1.0,
+                         const TensorView& output = {});
   // The same, in place on any contiguous range that outlives the handle (std::vector<float>&,
   // std::array, std::span, a user type modelling std::ranges::contiguous_range).
   template <AsyncInOutBuffer R>
@@ -199,14 +200,14 @@ class Engine {
       ReduceOp op = ReduceOp::sum, double prescale = 1.0, double postscale = 1.0);
 
   // Concatenates every rank's tensor (counts may differ) in rank order; Handle::output().
-  Handle allgather_async(std::string_view name, TensorView tensor);
+  Handle allgather_async(std::string_view name, const TensorView& tensor);
   template <AsyncBuffer R>
   Handle allgather_async(std::string_view name, R&& tensor) {
     return allgather_async(name, buffer_view(tensor));
   }
 
   // Copies root's tensor into every rank's tensor (in place).
-  Handle broadcast_async(std::string_view name, TensorView tensor, int root = 0);
+  Handle broadcast_async(std::string_view name, const TensorView& tensor, int root = 0);
   template <AsyncInOutBuffer R>
   Handle broadcast_async(std::string_view name, R&& tensor, int root = 0) {
     return broadcast_async(name, buffer_view(tensor), root);

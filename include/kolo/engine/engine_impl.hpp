@@ -81,13 +81,13 @@ class EngineCore {
   EngineCore& operator=(const EngineCore&) = delete;
   ~EngineCore();
 
-  Handle allreduce_async(std::string_view name, TensorView tensor, ReduceOp op, double prescale,
-                         double postscale, TensorView output);
+  Handle allreduce_async(std::string_view name, const TensorView& tensor, ReduceOp op,
+                         double prescale, double postscale, const TensorView& output);
   std::vector<Handle> grouped_allreduce_async(
       const std::string& group, const std::vector<std::pair<std::string, TensorView>>& tensors,
       ReduceOp op, double prescale, double postscale);
-  Handle allgather_async(std::string_view name, TensorView tensor);
-  Handle broadcast_async(std::string_view name, TensorView tensor, int root);
+  Handle allgather_async(std::string_view name, const TensorView& tensor);
+  Handle broadcast_async(std::string_view name, const TensorView& tensor, int root);
   void join();
   void shutdown();
   EngineStats stats() const;
@@ -1882,8 +1882,8 @@ EngineCore<T>::~EngineCore() {
 }
 
 template <class T>
-Handle EngineCore<T>::allreduce_async(std::string_view name, TensorView tensor, ReduceOp op,
-                                      double prescale, double postscale, TensorView output) {
+Handle EngineCore<T>::allreduce_async(std::string_view name, const TensorView& tensor, ReduceOp op,
+                                      double prescale, double postscale, const TensorView& output) {
   RequestParams p;
   p.kind = OpKind::allreduce;
   p.dtype = tensor.dtype;
@@ -1917,7 +1917,7 @@ std::vector<Handle> EngineCore<T>::grouped_allreduce_async(
 }
 
 template <class T>
-Handle EngineCore<T>::allgather_async(std::string_view name, TensorView tensor) {
+Handle EngineCore<T>::allgather_async(std::string_view name, const TensorView& tensor) {
   RequestParams p;
   p.kind = OpKind::allgather;
   p.dtype = tensor.dtype;
@@ -1926,7 +1926,7 @@ Handle EngineCore<T>::allgather_async(std::string_view name, TensorView tensor) 
 }
 
 template <class T>
-Handle EngineCore<T>::broadcast_async(std::string_view name, TensorView tensor, int root) {
+Handle EngineCore<T>::broadcast_async(std::string_view name, const TensorView& tensor, int root) {
   RequestParams p;
   p.kind = OpKind::broadcast;
   p.dtype = tensor.dtype;
@@ -1986,8 +1986,8 @@ template <class T>
 Engine<T>::~Engine() = default;
 
 template <class T>
-Handle Engine<T>::allreduce_async(std::string_view name, TensorView tensor, ReduceOp op,
-                                  double prescale, double postscale, TensorView output) {
+Handle Engine<T>::allreduce_async(std::string_view name, const TensorView& tensor, ReduceOp op,
+                                  double prescale, double postscale, const TensorView& output) {
   return core_->allreduce_async(name, tensor, op, prescale, postscale, output);
 }
 
@@ -1999,12 +1999,12 @@ std::vector<Handle> Engine<T>::grouped_allreduce_async(
 }
 
 template <class T>
-Handle Engine<T>::allgather_async(std::string_view name, TensorView tensor) {
+Handle Engine<T>::allgather_async(std::string_view name, const TensorView& tensor) {
   return core_->allgather_async(name, tensor);
 }
 
 template <class T>
-Handle Engine<T>::broadcast_async(std::string_view name, TensorView tensor, int root) {
+Handle Engine<T>::broadcast_async(std::string_view name, const TensorView& tensor, int root) {
   return core_->broadcast_async(name, tensor, root);
 }
 
