@@ -51,7 +51,7 @@ from collections import deque
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-SHM_ALGOS = ["ring", "tree", "halving-doubling", "recursive-doubling"]
+SHM_ALGOS = ["ring", "tree", "halving-doubling", "recursive-doubling", "direct"]
 NETNS_ALGOS = SHM_ALGOS + ["hierarchical"]
 
 # Size bands: many iterations where an operation takes microseconds, few where it takes

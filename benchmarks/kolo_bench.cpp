@@ -88,7 +88,7 @@ constexpr const char* kUsage = R"(Usage: kolo-bench [options]
                              mpi-native (kolo over MPI, under mpirun)
       --algo <a>             kolo's algorithm: auto (default: the Selector decides per size);
                              allreduce: ring, tree, halving-doubling, recursive-doubling,
-                             hierarchical; broadcast: chain, binomial; allgather and
+                             hierarchical, direct; broadcast: chain, binomial; allgather and
                              reduce_scatter: ring; alltoall: pairwise
       --compression <c>      none (default), fp16, bf16: kolo allreduce of float32 sum/avg
                              with a 16-bit wire (the engine's compressor)

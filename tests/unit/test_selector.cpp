@@ -63,7 +63,7 @@ SelectionShape hosts(int h, int per_host, const Tuning& t) {
 
 bool latency_optimal(AllreduceAlgorithm a) {
   return a == AllreduceAlgorithm::recursive_doubling || a == AllreduceAlgorithm::tree ||
-         a == AllreduceAlgorithm::halving_doubling;
+         a == AllreduceAlgorithm::halving_doubling || a == AllreduceAlgorithm::direct;
 }
 bool bandwidth_optimal(AllreduceAlgorithm a) {
   return a == AllreduceAlgorithm::ring || a == AllreduceAlgorithm::halving_doubling ||
@@ -452,6 +452,31 @@ TEST_CASE("selector: a registered algorithm is parsed, forced and costed like a 
 // and halving-doubling chosen over the ring and the tree at 1-64 MiB. With the cores known (the
 // probe sends rank 0's), host-local β and γ are charged per rank per core, and the pairwise
 // exchanges their co-scheduling factor: the choices then follow the measurements.
+TEST_CASE("selector: the one-round allreduce takes small messages on 3 ranks, not on 2 or 4-16") {
+  for (int cores : {0, 2}) {
+    Tuning t;
+    t.shm = {2e-6, 0.03e-9};
+    t.gamma = 0.07e-9;
+    t.cores = cores;
+    CAPTURE(cores);
+    // Three ranks: two messages in one round against recursive doubling's exchange and fold.
+    const Selector three(t, one_host(3, t));
+    CHECK(three.allreduce(8) == AllreduceAlgorithm::direct);
+    CHECK(three.allreduce(MiB) != AllreduceAlgorithm::direct);  // (n-1)·S bytes per rank
+    // Two ranks: one exchange either way, and recursive doubling keeps it.
+    CHECK(Selector(t, one_host(2, t)).allreduce(8) == AllreduceAlgorithm::recursive_doubling);
+    CHECK(std::isinf(Selector(t, one_host(2, t)).cost(AllreduceAlgorithm::direct, 8)));
+    // From four ranks on its n - 1 messages cost at least recursive doubling's steps.
+    for (int n : {4, 5, 6, 7, 8, 16}) {
+      CAPTURE(n);
+      const Selector sel(t, one_host(n, t));
+      CHECK(sel.allreduce(8) != AllreduceAlgorithm::direct);
+      CHECK(sel.cost(AllreduceAlgorithm::direct, 8) >=
+            sel.cost(AllreduceAlgorithm::recursive_doubling, 8));
+    }
+  }
+}
+
 TEST_CASE(
     "selector: with more ranks than cores the model leaves recursive doubling by 64 KiB "
     "and takes the ring or the tree for 1-64 MiB") {
@@ -469,6 +494,7 @@ TEST_CASE(
         CHECK(sel.oversubscription() == doctest::Approx(n / 2.0));
         CHECK(sel.allreduce(8) == AllreduceAlgorithm::recursive_doubling);
         CHECK(sel.allreduce(64 * KiB) != AllreduceAlgorithm::recursive_doubling);
+        CHECK(sel.allreduce(64 * KiB) != AllreduceAlgorithm::direct);
         for (std::size_t b = MiB; b <= 64 * MiB; b *= 4) {
           CAPTURE(b);
           const AllreduceAlgorithm a = sel.allreduce(b);

@@ -37,6 +37,7 @@ enum class AllreduceAlgorithm : std::uint8_t {
   halving_doubling = 2,
   recursive_doubling = 3,
   hierarchical = 4,
+  direct = 5,  // one round: every rank sends to every other (small messages, a few ranks)
 };
 enum class BroadcastAlgorithm : std::uint8_t { chain = 0, binomial = 1 };
 enum class AllgatherAlgorithm : std::uint8_t { ring = 0 };
@@ -44,8 +45,12 @@ enum class ReduceScatterAlgorithm : std::uint8_t { ring = 0 };
 enum class AlltoallAlgorithm : std::uint8_t { pairwise = 0 };
 
 inline constexpr AllreduceAlgorithm all_allreduce_algorithms[] = {
-    AllreduceAlgorithm::ring, AllreduceAlgorithm::tree, AllreduceAlgorithm::halving_doubling,
-    AllreduceAlgorithm::recursive_doubling, AllreduceAlgorithm::hierarchical};
+    AllreduceAlgorithm::ring,
+    AllreduceAlgorithm::tree,
+    AllreduceAlgorithm::halving_doubling,
+    AllreduceAlgorithm::recursive_doubling,
+    AllreduceAlgorithm::hierarchical,
+    AllreduceAlgorithm::direct};
 inline constexpr BroadcastAlgorithm all_broadcast_algorithms[] = {BroadcastAlgorithm::chain,
                                                                   BroadcastAlgorithm::binomial};
 

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "kolo/algorithm/allreduce_direct.hpp"
 #include "kolo/algorithm/allreduce_double_tree.hpp"
 #include "kolo/algorithm/allreduce_halving_doubling.hpp"
 #include "kolo/algorithm/allreduce_hierarchical.hpp"
@@ -49,6 +50,7 @@ inline std::vector<AlgorithmEntry<AllreduceAlgorithm>> builtin_algorithms<Allred
       halving_doubling_allreduce_algorithm(),    // ::halving_doubling
       recursive_doubling_allreduce_algorithm(),  // ::recursive_doubling
       hierarchical_allreduce_algorithm(),        // ::hierarchical
+      direct_allreduce_algorithm(),              // ::direct
   };
 }
 template <>

@@ -11,7 +11,8 @@
 //
 // Overrides, per size range in bytes, one variable per collective, one grammar:
 //   KOLO_ALLREDUCE="tree:0-65536;ring:65537-max"    ring, tree, halving-doubling (rabenseifner),
-//                                                    recursive-doubling, hierarchical, auto
+//                                                    recursive-doubling, hierarchical,
+//                                                    direct (one-shot), auto
 //   KOLO_BROADCAST="binomial:0-32767;chain:32K-max"  chain, binomial (tree), auto
 //   KOLO_ALLGATHER, KOLO_REDUCE_SCATTER              ring, auto
 //   KOLO_ALLTOALL                                    pairwise (direct), auto

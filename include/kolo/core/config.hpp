@@ -350,7 +350,7 @@ inline constexpr Var allreduce{"KOLO_ALLREDUCE",
                                "the Selector's cost model",
                                "per-size-range allreduce algorithm, e.g. `tree:0-64K;ring:65537-"
                                "max` (`ring`, `tree`, `halving-doubling`, `recursive-doubling`, "
-                               "`hierarchical`, `auto`)",
+                               "`hierarchical`, `direct`, `auto`)",
                                {},
                                {},
                                true};
