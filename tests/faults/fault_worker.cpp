@@ -403,8 +403,15 @@ bool run_step(Comm& c, const Step& s, long it, bool hierarchical_ok) {
   switch (s.kind) {
     case Step::allreduce_sum:
     case Step::allreduce_max: {
-      const unsigned choices = hierarchical_ok ? 5 : 4;
-      c.selector().force_allreduce(kolo::all_allreduce_algorithms[s.algo % choices]);
+      // Every allreduce algorithm; hierarchical only where the host layout allows it.
+      constexpr kolo::AllreduceAlgorithm algos[] = {kolo::AllreduceAlgorithm::ring,
+                                                    kolo::AllreduceAlgorithm::tree,
+                                                    kolo::AllreduceAlgorithm::halving_doubling,
+                                                    kolo::AllreduceAlgorithm::recursive_doubling,
+                                                    kolo::AllreduceAlgorithm::direct,
+                                                    kolo::AllreduceAlgorithm::hierarchical};
+      const unsigned choices = hierarchical_ok ? 6 : 5;
+      c.selector().force_allreduce(algos[s.algo % choices]);
       if (s.kind == Step::allreduce_sum) {
         std::vector<std::int32_t> v(n);
         for (std::size_t i = 0; i < n; ++i) v[i] = value(r, i, it);
