@@ -112,10 +112,8 @@ inline AlgorithmEntry<AllreduceAlgorithm> direct_allreduce_algorithm() {
   e.aliases = {"one-shot"};
   e.cost = [](const CostQuery& q) {
     if (q.n <= 2) return std::numeric_limits<double>::infinity();
-    const double x = q.exchange_factor();
-    LinkCost l = q.contended();
-    l.beta *= x;
-    return cost::direct(q.n, q.bytes, l, q.gamma * x, q.segment_bytes);
+    return cost::direct(q.n, q.bytes, q.exchange_link(), q.gamma * q.exchange_factor(),
+                        q.segment_bytes);
   };
   e.run = [](TransportRef t, const AllreduceArgs& a, const AlgoOptions& o, const AlgoContext& ctx) {
     std::vector<std::byte> local;

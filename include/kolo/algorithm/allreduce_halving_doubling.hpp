@@ -134,10 +134,7 @@ inline AlgorithmEntry<AllreduceAlgorithm> halving_doubling_allreduce_algorithm()
   e.name = "halving-doubling";
   e.aliases = {"rabenseifner"};
   e.cost = [](const CostQuery& q) {
-    const double x = q.exchange_factor();
-    LinkCost l = q.contended();
-    l.beta *= x;
-    return cost::halving_doubling(q.n, q.bytes, l, q.gamma * x);
+    return cost::halving_doubling(q.n, q.bytes, q.exchange_link(), q.gamma * q.exchange_factor());
   };
   e.run = [](TransportRef t, const AllreduceArgs& a, const AlgoOptions& o, const AlgoContext&) {
     allreduce_halving_doubling(t, a.in, a.out, a.count, a.dtype, a.op, o);

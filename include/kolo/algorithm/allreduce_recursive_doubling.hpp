@@ -99,10 +99,7 @@ inline AlgorithmEntry<AllreduceAlgorithm> recursive_doubling_allreduce_algorithm
   AlgorithmEntry<AllreduceAlgorithm> e;
   e.name = "recursive-doubling";
   e.cost = [](const CostQuery& q) {
-    const double x = q.exchange_factor();
-    LinkCost l = q.contended();
-    l.beta *= x;
-    return cost::recursive_doubling(q.n, q.bytes, l, q.gamma * x);
+    return cost::recursive_doubling(q.n, q.bytes, q.exchange_link(), q.gamma * q.exchange_factor());
   };
   e.run = [](TransportRef t, const AllreduceArgs& a, const AlgoOptions& o, const AlgoContext& ctx) {
     std::vector<std::byte> local;

@@ -66,6 +66,13 @@ struct CostQuery {
   }
   // The factor a pairwise-exchange algorithm's byte terms take (kExchangeOversubscribed).
   double exchange_factor() const { return oversubscription > 1.0 ? kExchangeOversubscribed : 1.0; }
+  // The contended link with β taken by exchange_factor(): what an algorithm whose byte terms
+  // take that factor is charged (its γ is charged gamma * exchange_factor()).
+  LinkCost exchange_link() const {
+    LinkCost l = contended();
+    l.beta *= exchange_factor();
+    return l;
+  }
 };
 
 namespace cost {
