@@ -33,6 +33,7 @@
 #include "kolo/algorithm/ring_allgather.hpp"
 #include "kolo/algorithm/ring_allreduce.hpp"
 #include "kolo/algorithm/ring_reduce_scatter.hpp"
+#include "kolo/core/compiled_core.hpp"
 #include "kolo/core/error.hpp"
 
 namespace kolo {
@@ -96,6 +97,29 @@ inline std::string lower(std::string_view s) {
   return o;
 }
 
+// The names of one registered entry. The lookups by name, the list of names in error messages
+// and the checks of a new entry do not depend on the collective: they work on these and are
+// compiled once (detail/registry_impl.hpp), not once per collective.
+struct AlgorithmNames {
+  const std::string* name;
+  const std::vector<std::string>* aliases;
+};
+// The index of lower-cased name `n` (a name or an alias); -1: unknown.
+KOLO_IMPL_INLINE int find_algorithm_name(const std::vector<AlgorithmNames>& names,
+                                         std::string_view n);
+// "ring, tree (or double-tree, ...), ..., auto".
+KOLO_IMPL_INLINE std::string expected_algorithm_names(const std::vector<AlgorithmNames>& names);
+// The index that `name` (any case, blanks around it ignored) names, -1 for "auto"; an unknown
+// name is a ConfigError "<what>: unknown algorithm '...' (expected ...)".
+KOLO_IMPL_INLINE int parse_algorithm_name(const std::vector<AlgorithmNames>& names,
+                                          std::string_view name, std::string_view what);
+// Throws the ConfigError that adding this entry to `names` deserves, if any.
+KOLO_IMPL_INLINE void check_algorithm_entry(const char* collective,
+                                            const std::vector<AlgorithmNames>& names,
+                                            const std::string& name,
+                                            const std::vector<std::string>& aliases, bool has_run,
+                                            std::size_t max_entries);
+
 }  // namespace detail
 
 template <AlgorithmId Algo>
@@ -137,23 +161,22 @@ class AlgorithmRegistry {
   std::optional<Algo> find(std::string_view name) const {
     const std::string n = detail::lower(detail::trim(name));
     std::lock_guard<std::mutex> lk(mu_);
-    return find_locked(n);
+    const int i = detail::find_algorithm_name(names_, n);
+    return i < 0 ? std::nullopt : std::optional<Algo>(static_cast<Algo>(i));
+  }
+
+  // The identity `name` names, nullopt for "auto"; unknown names are a ConfigError that starts
+  // with `what` and lists the valid ones.
+  std::optional<Algo> parse(std::string_view name, std::string_view what) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    const int i = detail::parse_algorithm_name(names_, name, what);
+    return i < 0 ? std::nullopt : std::optional<Algo>(static_cast<Algo>(i));
   }
 
   // "ring, tree (or double-tree, double-binary-tree), ..., auto": the names an override takes.
   std::string expected() const {
     std::lock_guard<std::mutex> lk(mu_);
-    std::string s;
-    for (const Entry& e : entries_) {
-      if (!s.empty()) s += ", ";
-      s += e.name;
-      if (!e.aliases.empty()) {
-        s += " (or ";
-        for (std::size_t i = 0; i < e.aliases.size(); ++i) s += (i ? ", " : "") + e.aliases[i];
-        s += ")";
-      }
-    }
-    return s + ", auto";
+    return detail::expected_algorithm_names(names_);
   }
 
  private:
@@ -161,40 +184,18 @@ class AlgorithmRegistry {
     for (Entry& e : builtin_algorithms<Algo>()) add_locked(std::move(e));
   }
 
-  std::optional<Algo> find_locked(const std::string& n) const {
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const Entry& e = entries_[i];
-      if (e.name == n) return static_cast<Algo>(i);
-      for (const std::string& a : e.aliases) {
-        if (a == n) return static_cast<Algo>(i);
-      }
-    }
-    return std::nullopt;
-  }
-
   Algo add_locked(Entry e) {
-    const std::string what =
-        std::string(AlgorithmTraits<Algo>::name) + " algorithm '" + e.name + "'";
-    auto check_name = [&](const std::string& n) {
-      if (n.empty()) throw ConfigError(what + ": empty name");
-      for (char c : n) {
-        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) {
-          throw ConfigError(what + ": name '" + n + "' must be lower case letters, digits and '-'");
-        }
-      }
-      if (n == "auto") throw ConfigError(what + ": 'auto' is reserved (the cost model's choice)");
-      if (find_locked(n)) throw ConfigError(what + ": the name '" + n + "' is taken");
-    };
-    check_name(e.name);
-    for (const std::string& a : e.aliases) check_name(a);
-    if (e.run == nullptr) throw ConfigError(what + ": no entry point (run)");
-    if (entries_.size() >= kMaxEntries) throw ConfigError(what + ": the registry is full");
+    detail::check_algorithm_entry(AlgorithmTraits<Algo>::name, names_, e.name, e.aliases,
+                                  e.run != nullptr, kMaxEntries);
+    names_.reserve(entries_.size() + 1);  // then nothing below throws after the push
     entries_.push_back(std::move(e));
+    names_.push_back({&entries_.back().name, &entries_.back().aliases});
     return static_cast<Algo>(entries_.size() - 1);
   }
 
   mutable std::mutex mu_;
-  std::deque<Entry> entries_;
+  std::deque<Entry> entries_;                  // stable addresses: names_ points into them
+  std::vector<detail::AlgorithmNames> names_;  // entries_' names, same order
 };
 
 // Registers an algorithm (before the communicators that should see it are created: each takes
@@ -220,3 +221,9 @@ const char* algorithm_name(Algo a) {
 }
 
 }  // namespace kolo
+
+// Header-only: the definitions of the functions above, inline (compiled core: in the library,
+// src/lib/core_impl.cpp).
+#if !KOLO_USE_COMPILED_CORE
+#include "kolo/algorithm/detail/registry_impl.hpp"
+#endif

@@ -56,11 +56,7 @@ namespace kolo {
 // a ConfigError listing the valid ones.
 template <AlgorithmId Algo>
 std::optional<Algo> parse_algorithm(std::string_view name, std::string_view what = "algorithm") {
-  const auto& reg = AlgorithmRegistry<Algo>::instance();
-  if (detail::lower(detail::trim(name)) == "auto") return std::nullopt;
-  if (auto a = reg.find(name)) return *a;
-  throw ConfigError(std::string(what) + ": unknown algorithm '" + std::string(detail::trim(name)) +
-                    "' (expected " + reg.expected() + ")");
+  return AlgorithmRegistry<Algo>::instance().parse(name, what);
 }
 
 inline std::optional<AllreduceAlgorithm> parse_allreduce_algorithm(std::string_view name) {
@@ -70,12 +66,35 @@ inline std::optional<BroadcastAlgorithm> parse_broadcast_algorithm(std::string_v
   return parse_algorithm<BroadcastAlgorithm>(name, "broadcast");
 }
 
+namespace detail {
+
+// A rule of KOLO_<COLLECTIVE> with its algorithm as a registry index (-1: auto). Parsing and
+// checking the rules does not depend on the collective, so it is compiled once
+// (detail/selector_impl.hpp), not once per collective.
+struct SizeRuleSpan {
+  std::size_t lo, hi;  // inclusive
+  int algo;
+};
+inline constexpr std::size_t kSizeRuleMax = std::numeric_limits<std::size_t>::max();
+// The index an algorithm name in a rule names (-1: auto); a ConfigError starting with `what`
+// for an unknown one.
+using RuleNameParser = int (*)(std::string_view name, std::string_view what);
+// Parses "name:lo-hi;name:lo-hi;..." into rules sorted by `lo` that cover 0..max once; `var`
+// names the setting in error messages.
+KOLO_IMPL_INLINE std::vector<SizeRuleSpan> parse_size_rules(std::string_view var,
+                                                            std::string_view spec,
+                                                            RuleNameParser parse_name);
+// "lo-hi", with "max" for the largest bound.
+KOLO_IMPL_INLINE std::string size_range_text(std::size_t lo, std::size_t hi);
+
+}  // namespace detail
+
 // A choice of algorithm per byte range: KOLO_<COLLECTIVE>, or forced in code.
 template <AlgorithmId Algo>
 class SizeRules {
  public:
   using algorithm_type = Algo;
-  static constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+  static constexpr std::size_t kMax = detail::kSizeRuleMax;
   struct Rule {
     std::size_t lo, hi;        // inclusive
     std::optional<Algo> algo;  // nullopt: the cost model decides
@@ -90,43 +109,10 @@ class SizeRules {
 
   // Parses "name:lo-hi;name:lo-hi;..."; `var` names the setting in error messages.
   static SizeRules parse(std::string_view var, std::string_view spec) {
-    const std::string where = std::string(var) + "=\"" + std::string(spec) + "\": ";
     SizeRules out;
-    if (detail::trim(spec).empty()) throw ConfigError(where + "is empty");
-    std::string_view rest = spec;
-    while (true) {
-      const auto semi = rest.find(';');
-      const std::string_view item = detail::trim(rest.substr(0, semi));
-      if (!item.empty())
-        out.rules_.push_back(parse_rule(where, item));
-      else if (semi != std::string_view::npos && semi + 1 < rest.size())
-        throw ConfigError(where + "empty rule between ';'");
-      if (semi == std::string_view::npos) break;
-      rest.remove_prefix(semi + 1);
-    }
-    std::sort(out.rules_.begin(), out.rules_.end(),
-              [](const Rule& a, const Rule& b) { return a.lo < b.lo; });
-    std::size_t next = 0;  // the first byte count not covered yet
-    bool done = false;
-    for (std::size_t i = 0; i < out.rules_.size(); ++i) {
-      const Rule& r = out.rules_[i];
-      if (done || (i > 0 && r.lo < next)) {
-        const Rule& p = out.rules_[i - 1];
-        throw ConfigError(where + "ranges " + range_text(p) + " and " + range_text(r) + " overlap");
-      }
-      if (r.lo > next) {
-        throw ConfigError(where + "does not cover sizes " + std::to_string(next) + "-" +
-                          std::to_string(r.lo - 1) + " (rules must cover 0-max)");
-      }
-      if (r.hi == kMax) {
-        done = true;
-      } else {
-        next = r.hi + 1;
-      }
-    }
-    if (!done) {
-      throw ConfigError(where + "does not cover sizes " + std::to_string(next) +
-                        "-max (rules must cover 0-max)");
+    for (const detail::SizeRuleSpan& r : detail::parse_size_rules(var, spec, &parse_name)) {
+      out.rules_.push_back(
+          {r.lo, r.hi, r.algo < 0 ? std::nullopt : std::optional<Algo>(static_cast<Algo>(r.algo))});
     }
     return out;
   }
@@ -153,75 +139,10 @@ class SizeRules {
   }
 
  private:
-  static std::string bound_text(std::size_t v) {
-    return v == kMax ? std::string("max") : std::to_string(v);
-  }
-  static std::string range_text(const Rule& r) { return bound_text(r.lo) + "-" + bound_text(r.hi); }
-
-  static std::size_t parse_bound(const std::string& where, std::string_view rule,
-                                 std::string_view text) {
-    const std::string t = detail::lower(detail::trim(text));
-    auto bad = [&](const std::string& why) {
-      return ConfigError(where + "bad range in rule '" + std::string(rule) + "': " + why);
-    };
-    if (t == "max") return kMax;
-    if (t.empty()) throw bad("a bound is missing");
-    std::size_t i = 0;
-    unsigned long long v = 0;
-    while (i < t.size() && t[i] >= '0' && t[i] <= '9') {
-      const unsigned d = static_cast<unsigned>(t[i] - '0');
-      if (v > (std::numeric_limits<unsigned long long>::max() - d) / 10) throw bad("too large");
-      v = v * 10 + d;
-      ++i;
-    }
-    if (i == 0) throw bad("'" + std::string(detail::trim(text)) + "' is not a byte count");
-    unsigned shift = 0;
-    const std::string suffix = t.substr(i);
-    if (suffix == "k" || suffix == "kb" || suffix == "kib") {
-      shift = 10;
-    } else if (suffix == "m" || suffix == "mb" || suffix == "mib") {
-      shift = 20;
-    } else if (suffix == "g" || suffix == "gb" || suffix == "gib") {
-      shift = 30;
-    } else if (!suffix.empty()) {
-      throw bad("'" + std::string(detail::trim(text)) +
-                "' is not a byte count (suffixes: K, M, G)");
-    }
-    if (shift && v > (std::numeric_limits<unsigned long long>::max() >> shift))
-      throw bad("too large");
-    return static_cast<std::size_t>(v << shift);
-  }
-
-  static Rule parse_rule(const std::string& where, std::string_view item) {
-    const auto colon = item.find(':');
-    if (colon == std::string_view::npos) {
-      throw ConfigError(where + "rule '" + std::string(item) +
-                        "' is not NAME:LO-HI (e.g. ring:0-max)");
-    }
-    const std::string_view name = item.substr(0, colon);
-    const std::string_view range = detail::trim(item.substr(colon + 1));
-    Rule r{};
-    try {
-      r.algo = parse_algorithm<Algo>(name, "rule '" + std::string(item) + "'");
-    } catch (const ConfigError& e) {
-      throw ConfigError(where + e.what());
-    }
-    const auto dash = range.find('-');
-    if (dash == std::string_view::npos) {
-      throw ConfigError(where + "bad range in rule '" + std::string(item) +
-                        "': expected LO-HI, e.g. 0-65536 or 65537-max");
-    }
-    r.lo = parse_bound(where, item, range.substr(0, dash));
-    r.hi = parse_bound(where, item, range.substr(dash + 1));
-    if (r.lo == kMax) {
-      throw ConfigError(where + "bad range in rule '" + std::string(item) +
-                        "': the lower bound cannot be max");
-    }
-    if (r.lo > r.hi) {
-      throw ConfigError(where + "bad range in rule '" + std::string(item) +
-                        "': " + std::to_string(r.lo) + " is above " + bound_text(r.hi));
-    }
-    return r;
+  static std::string range_text(const Rule& r) { return detail::size_range_text(r.lo, r.hi); }
+  static int parse_name(std::string_view name, std::string_view what) {
+    const std::optional<Algo> a = parse_algorithm<Algo>(name, what);
+    return a ? static_cast<int>(*a) : -1;
   }
 
   std::vector<Rule> rules_;

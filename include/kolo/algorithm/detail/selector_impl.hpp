@@ -10,15 +10,142 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 #include "kolo/algorithm/selector.hpp"
 #include "kolo/core/compiled_core.hpp"
 #include "kolo/core/error.hpp"
 
 namespace kolo {
+
+// ---------------------------------------------------------------- size rules (KOLO_<COLLECTIVE>)
+
+namespace detail {
+
+KOLO_IMPL_INLINE std::string size_bound_text(std::size_t v) {
+  return v == kSizeRuleMax ? std::string("max") : std::to_string(v);
+}
+
+KOLO_IMPL_INLINE std::string size_range_text(std::size_t lo, std::size_t hi) {
+  return size_bound_text(lo) + "-" + size_bound_text(hi);
+}
+
+KOLO_IMPL_INLINE std::size_t parse_size_bound(const std::string& where, std::string_view rule,
+                                              std::string_view text) {
+  const std::string t = lower(trim(text));
+  auto bad = [&](const std::string& why) {
+    return ConfigError(where + "bad range in rule '" + std::string(rule) + "': " + why);
+  };
+  if (t == "max") return kSizeRuleMax;
+  if (t.empty()) throw bad("a bound is missing");
+  std::size_t i = 0;
+  unsigned long long v = 0;
+  while (i < t.size() && t[i] >= '0' && t[i] <= '9') {
+    const unsigned d = static_cast<unsigned>(t[i] - '0');
+    if (v > (std::numeric_limits<unsigned long long>::max() - d) / 10) throw bad("too large");
+    v = v * 10 + d;
+    ++i;
+  }
+  if (i == 0) throw bad("'" + std::string(trim(text)) + "' is not a byte count");
+  unsigned shift = 0;
+  const std::string suffix = t.substr(i);
+  if (suffix == "k" || suffix == "kb" || suffix == "kib") {
+    shift = 10;
+  } else if (suffix == "m" || suffix == "mb" || suffix == "mib") {
+    shift = 20;
+  } else if (suffix == "g" || suffix == "gb" || suffix == "gib") {
+    shift = 30;
+  } else if (!suffix.empty()) {
+    throw bad("'" + std::string(trim(text)) + "' is not a byte count (suffixes: K, M, G)");
+  }
+  if (shift && v > (std::numeric_limits<unsigned long long>::max() >> shift))
+    throw bad("too large");
+  return static_cast<std::size_t>(v << shift);
+}
+
+KOLO_IMPL_INLINE SizeRuleSpan parse_size_rule(const std::string& where, std::string_view item,
+                                              RuleNameParser parse_name) {
+  const auto colon = item.find(':');
+  if (colon == std::string_view::npos) {
+    throw ConfigError(where + "rule '" + std::string(item) +
+                      "' is not NAME:LO-HI (e.g. ring:0-max)");
+  }
+  const std::string_view name = item.substr(0, colon);
+  const std::string_view range = trim(item.substr(colon + 1));
+  SizeRuleSpan r{};
+  try {
+    r.algo = parse_name(name, "rule '" + std::string(item) + "'");
+  } catch (const ConfigError& e) {
+    throw ConfigError(where + e.what());
+  }
+  const auto dash = range.find('-');
+  if (dash == std::string_view::npos) {
+    throw ConfigError(where + "bad range in rule '" + std::string(item) +
+                      "': expected LO-HI, e.g. 0-65536 or 65537-max");
+  }
+  r.lo = parse_size_bound(where, item, range.substr(0, dash));
+  r.hi = parse_size_bound(where, item, range.substr(dash + 1));
+  if (r.lo == kSizeRuleMax) {
+    throw ConfigError(where + "bad range in rule '" + std::string(item) +
+                      "': the lower bound cannot be max");
+  }
+  if (r.lo > r.hi) {
+    throw ConfigError(where + "bad range in rule '" + std::string(item) +
+                      "': " + std::to_string(r.lo) + " is above " + size_bound_text(r.hi));
+  }
+  return r;
+}
+
+KOLO_IMPL_INLINE std::vector<SizeRuleSpan> parse_size_rules(std::string_view var,
+                                                            std::string_view spec,
+                                                            RuleNameParser parse_name) {
+  const std::string where = std::string(var) + "=\"" + std::string(spec) + "\": ";
+  std::vector<SizeRuleSpan> rules;
+  if (trim(spec).empty()) throw ConfigError(where + "is empty");
+  std::string_view rest = spec;
+  while (true) {
+    const auto semi = rest.find(';');
+    const std::string_view item = trim(rest.substr(0, semi));
+    if (!item.empty())
+      rules.push_back(parse_size_rule(where, item, parse_name));
+    else if (semi != std::string_view::npos && semi + 1 < rest.size())
+      throw ConfigError(where + "empty rule between ';'");
+    if (semi == std::string_view::npos) break;
+    rest.remove_prefix(semi + 1);
+  }
+  std::sort(rules.begin(), rules.end(),
+            [](const SizeRuleSpan& a, const SizeRuleSpan& b) { return a.lo < b.lo; });
+  std::size_t next = 0;  // the first byte count not covered yet
+  bool done = false;
+  for (std::size_t i = 0; i < rules.size(); ++i) {
+    const SizeRuleSpan& r = rules[i];
+    if (done || (i > 0 && r.lo < next)) {
+      const SizeRuleSpan& p = rules[i - 1];
+      throw ConfigError(where + "ranges " + size_range_text(p.lo, p.hi) + " and " +
+                        size_range_text(r.lo, r.hi) + " overlap");
+    }
+    if (r.lo > next) {
+      throw ConfigError(where + "does not cover sizes " + std::to_string(next) + "-" +
+                        std::to_string(r.lo - 1) + " (rules must cover 0-max)");
+    }
+    if (r.hi == kSizeRuleMax) {
+      done = true;
+    } else {
+      next = r.hi + 1;
+    }
+  }
+  if (!done) {
+    throw ConfigError(where + "does not cover sizes " + std::to_string(next) +
+                      "-max (rules must cover 0-max)");
+  }
+  return rules;
+}
+
+}  // namespace detail
 
 KOLO_IMPL_INLINE std::string Tuning::to_text() const {
   char buf[512];
