@@ -305,7 +305,10 @@ TEST_CASE("zero copy: errors name the Buffer's problem") {
   }
 }
 
-TEST_CASE("zero copy: the engine's fused batches go through the shared fusion buffer") {
+// Unscaled batches go in pieces (the ring over the tensors themselves, faster than the shared
+// fusion buffer's pack, in-place reads and unpack); scaled ones through the shared fusion
+// buffer, the zero-copy path where the routes allow it.
+TEST_CASE("zero copy: the engine's fused batches, in pieces and through the shared fusion buffer") {
   auto comm = zero_copy_comm();
   const bool zc = comm.zero_copy_routes();
   // A Buffer allocated before the communicator moves into the engine stays its (allocate is a
@@ -338,6 +341,8 @@ TEST_CASE("zero copy: the engine's fused batches go through the shared fusion bu
       CHECK(std::count(out[t].begin(), out[t].end(), want) == static_cast<long>(count_of(t)));
     }
   }
+  if (n > 1) CHECK(engine.stats().piece_collectives >= 1);
+  CHECK(engine.stats().zero_copy_collectives == 0);
   // Scaled batches: a postscale (the unpack multiplies) and a prescale (every block is packed,
   // the own block too, since the tensors hold unscaled values). Sums of small integers times
   // powers of two: exact.

@@ -859,7 +859,7 @@ class EngineCore {
       prepacked_.push_back(k);
       elems += q.count;
     }
-    if (prepacked_.size() < 2 || in_pieces(*first, size(), size(), bytes)) {
+    if (prepacked_.size() < 2 || in_pieces(*first, size(), size())) {
       prepacked_.clear();  // nothing to pack: the batch travels in pieces
       return;
     }
@@ -910,16 +910,14 @@ class EngineCore {
   // divided by all ranks, as the collective divides), uncompressed, with every rank's tensors
   // (none joined). Every input of this choice is the same on every rank, so all ranks take it.
   //
-  // Except where the shared fusion buffer wins: on one host with no more ranks than cores, a
-  // batch large enough for the zero-copy path packs half of itself, reads the peers' halves in
-  // place and unpacks, which measured faster than the ring's copies through the channels (N = 2:
-  // 1.25-1.29 x one allreduce against 1.36-1.38 x in pieces). With more ranks than cores the
-  // pack and unpack cost more than they save (N = 4 on 2 cores: 2.05-2.43 x against 1.66-1.87 x).
-  bool in_pieces(const RequestParams& p, int divisor, int active, std::size_t bytes) const {
+  // Also where the shared fusion buffer would take the zero-copy path (one host, no more ranks
+  // than cores): packing half the batch, reading the peers' halves in place and unpacking
+  // measured slower than the pieces once the reduction kernel ran at full speed (N = 2, 1024 x
+  // 4 KiB: 342-415 us against 282-288; 16 x 4 MiB: 13.0-14.0 ms against 6.3-6.6;
+  // docs/performance.md). A tensor in a Buffer is still read in place by a collective of its
+  // own, and scaled or compressed batches still go through the shared fusion buffer.
+  bool in_pieces(const RequestParams& p, int divisor, int active) const {
     if constexpr (!VectoredP2P<T>) return false;
-    if (fusion_.shared() && bytes >= comm_.options().zero_copy_bytes && size() <= cores_) {
-      return false;
-    }
     return opts_.fusion_pieces && size() > 1 && active == size() && p.device == 0 &&
            p.prescale == 1.0 && p.postscale == 1.0 && !compresses(p) &&
            (p.op != ReduceOp::average || divisor == size());
@@ -1228,7 +1226,7 @@ class EngineCore {
       return;
     }
     // Fused, in pieces: the ring reads the inputs and writes the outputs where they lie.
-    if (in_pieces(p, divisor, active, bytes)) {
+    if (in_pieces(p, divisor, active)) {
       piece_in_.clear();
       piece_out_.clear();
       for (std::size_t j : batch) {
@@ -1849,9 +1847,7 @@ class EngineCore {
   std::vector<bool> joined_ranks_;
   std::vector<std::size_t> batch_, offsets_;
   std::vector<const Local*> locals_;
-  std::vector<TensorView> piece_in_, piece_out_;  // a batch in pieces: its tensors
-  // This host's cores (in_pieces: the same answer on every rank of one host).
-  const int cores_ = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<TensorView> piece_in_, piece_out_;          // a batch in pieces: its tensors
   std::vector<std::size_t> prepacked_, prepack_offsets_;  // prepack(): slots and their offsets
   clock::time_point prepack_begin_, prepack_end_;
   bool prepack_skipped_own_ = false;  // prepack() left this rank's own block to the tensors
