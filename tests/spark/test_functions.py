@@ -149,6 +149,40 @@ def test_ddp_with_no_arguments_to_init_process_group(spark, backend):
     assert results[0]["last_loss"] < results[0]["first_loss"] / 10
 
 
+def _leave_work_for_the_exit(directory):
+    import atexit
+    import ctypes
+    import os
+    import threading
+    import time
+
+    rank = os.environ["RANK"]
+    # a native library whose teardown crashes (as torch's Gloo threads can at finalisation):
+    # abort() registered with the C runtime's exit handlers
+    libc = ctypes.CDLL("libc.so.6")
+    assert libc.__cxa_atexit(libc.abort, None, None) == 0
+
+    def late():
+        time.sleep(1.0)
+        with open(os.path.join(directory, f"thread.{rank}"), "w") as f:
+            f.write("done")
+
+    threading.Thread(target=late).start()  # non-daemon: the rank waits for it
+    atexit.register(lambda: open(os.path.join(directory, f"atexit.{rank}"), "w").close())
+    return int(rank) * 10
+
+
+def test_a_rank_ends_without_the_native_teardown(spark, tmp_path):
+    # the function's outcome decides: threads it left are joined and its atexit handlers run,
+    # but a crash in a native library's exit handlers cannot fail a rank whose result is written
+    results = kolo_spark.run(spark, 2, _leave_work_for_the_exit, args=(str(tmp_path),),
+                             stream_logs=False, timeout=120)
+    assert results == [0, 10]
+    for rank in (0, 1):
+        assert (tmp_path / f"thread.{rank}").read_text() == "done"
+        assert (tmp_path / f"atexit.{rank}").exists()
+
+
 def _raise_on_rank_1(directory):
     import os
     import subprocess

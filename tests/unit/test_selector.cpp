@@ -211,7 +211,10 @@ TEST_CASE("selector: bad override strings are ConfigErrors naming the fault") {
   const std::map<std::string, std::string> cases = {
       {"", "is empty"},
       {"  ", "is empty"},
-      {"ring", "is not NAME:LO-HI"},
+      {"ring0-max", "is neither an algorithm name nor NAME:LO-HI"},
+      {"rign", "unknown algorithm 'rign'"},
+      {"ring;tree:0-10", "'ring' is a bare name (ring:0-max, every size) and cannot be combined"},
+      {"tree:0-10;auto", "'auto' is a bare name"},
       {"butterfly:0-max", "unknown algorithm 'butterfly'"},
       {"ring:0-max;bogus:1-2", "unknown algorithm 'bogus'"},
       {"ring:max", "expected LO-HI"},
@@ -244,6 +247,12 @@ TEST_CASE("selector: bad override strings are ConfigErrors naming the fault") {
   CHECK(r.lookup(65537) == AllreduceAlgorithm::ring);
   CHECK(r.lookup(std::size_t{1} << 30) == AllreduceAlgorithm::ring);
   CHECK(r.lookup((std::size_t{1} << 30) + 1) == std::nullopt);
+  // A bare name alone is NAME:0-max (an alias too; a trailing ';' is fine).
+  const auto bare = SizeRules<AllreduceAlgorithm>::parse("v", " Double-Tree ;");
+  CHECK(bare.lookup(0) == AllreduceAlgorithm::tree);
+  CHECK(bare.lookup(kolo::detail::kSizeRuleMax) == AllreduceAlgorithm::tree);
+  CHECK(SizeRules<AllreduceAlgorithm>::parse("v", "auto").lookup(4096) == std::nullopt);
+  CHECK(SizeRules<BroadcastAlgorithm>::parse("v", "chain").lookup(1) == BroadcastAlgorithm::chain);
 }
 
 TEST_CASE(
@@ -406,7 +415,12 @@ TEST_CASE("selector: every collective has a registry, an override variable and a
                    opts({{"KOLO_REDUCE_SCATTER", "ring:0-10"}});
                  }),
                  "KOLO_REDUCE_SCATTER=\"ring:0-10\": does not cover sizes 11-max"));
-  CHECK(contains(config_error([&] { opts({{"KOLO_ALLGATHER", "ring"}}); }), "KOLO_ALLGATHER"));
+  CHECK(contains(config_error([&] {
+                   opts({{"KOLO_ALLGATHER", "rnig"}});
+                 }),
+                 "KOLO_ALLGATHER=\"rnig\": rule 'rnig' is neither an algorithm name nor"));
+  CHECK(opts({{"KOLO_ALLGATHER", "ring"}}).allgather_rules.lookup(std::size_t{1} << 40) ==
+        kolo::AllgatherAlgorithm::ring);
   // Forcing and describing work the same way for each.
   sel.set_rules<kolo::AllgatherAlgorithm>("ring:0-max");
   CHECK(contains(sel.describe(), "allgather ring:0-max"));

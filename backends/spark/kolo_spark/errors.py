@@ -37,7 +37,9 @@ class RankFailedError(KoloSparkError):
 
     Attributes: ``rank``, ``exit_code`` (negative: killed by that signal; None: never started),
     ``output_tail`` (the last lines the process printed, stdout and stderr interleaved),
-    ``host`` (the rank's host key), ``reason`` (``"exit"``, ``"timeout"``, ``"start"``).
+    ``host`` (the rank's host key), ``reason`` (``"exit"``, ``"timeout"``, ``"start"``),
+    ``detail`` (what else is known: the timeout, why it could not start, or that a function's
+    rank failed only after its result was written).
     """
 
     def __init__(self, rank: int, exit_code: Optional[int], output_tail: str = "",
@@ -57,6 +59,8 @@ class RankFailedError(KoloSparkError):
             what = f"rank {self.rank} could not be started: {self.detail}"
         else:
             what = f"rank {self.rank} {describe_exit(self.exit_code)}"
+            if self.detail:
+                what += f" {self.detail}"
         where = f" on host '{self.host}'" if self.host else ""
         text = f"kolo_spark: {what}{where}"
         if self.reason == "timeout" and self.exit_code is not None:

@@ -4,7 +4,9 @@ The task (or the local-mode driver) writes the cloudpickled ``(fn, args, kwargs)
 starts this module with the rank's environment (the kolo contract and torchrun's variables). It
 loads the function, calls it, and writes the pickled return value to the result file, or, when
 anything fails, a JSON error record (what failed, exception type, message, traceback) to the
-error file. Exit status 0 means a result was written.
+error file. Exit status 0 means a result was written. The rank then ends like a
+``multiprocessing`` child (threads joined, ``atexit`` handlers run, ``os._exit``), without the
+interpreter's finalisation.
 
 Variables (removed from ``os.environ`` before the function runs, so that nothing the function
 starts inherits them): ``KOLO_SPARK_FN`` (payload path), ``KOLO_SPARK_RESULT`` (result path;
@@ -141,7 +143,34 @@ def _exit_watchdog(code: int) -> None:
     threading.Thread(target=guard, name="kolo_spark-exit-watchdog", daemon=True).start()
 
 
+def _end(code: int) -> None:
+    """Ends the rank the way a ``multiprocessing`` child ends, once its outcome is on disk: wait
+    for the threads the function left (under the watchdog), run the ``atexit`` handlers, flush,
+    then ``os._exit``. The interpreter's own finalisation is skipped: it would also run the C++
+    static destructors of the native libraries the function loaded (torch's Gloo and store
+    threads among them), and a crash there ("terminate called without an active exception")
+    would turn a rank whose result is written into a failed one."""
+    import atexit
+    import threading
+
+    _exit_watchdog(code)
+    try:
+        shutdown = getattr(threading, "_shutdown", None)
+        if shutdown is not None:
+            shutdown()  # joins the non-daemon threads, as the interpreter does at exit
+        else:
+            for t in threading.enumerate():
+                if t is not threading.current_thread() and not t.daemon:
+                    t.join()
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    _code = main()
-    _exit_watchdog(_code)
-    sys.exit(_code)
+    _end(main())

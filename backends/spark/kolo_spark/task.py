@@ -369,7 +369,12 @@ class RankLaunch:
                     record = json.load(f)
                 raise function_error(self.rank, record, proc.output_tail(), self.me.host,
                                      proc.returncode)
-            raise RankFailedError(self.rank, proc.returncode, proc.output_tail(), self.me.host)
+            detail = ""
+            if self.spec.fn_payload is not None and os.path.exists(self.result_path):
+                detail = ("after its function had returned and its result was written "
+                          "(the process failed while it ended)")
+            raise RankFailedError(self.rank, proc.returncode, proc.output_tail(), self.me.host,
+                                  detail=detail)
         value = None
         if self.spec.fn_payload is not None:
             with open(self.result_path, "rb") as f:

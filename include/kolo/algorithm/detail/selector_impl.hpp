@@ -70,13 +70,21 @@ KOLO_IMPL_INLINE std::size_t parse_size_bound(const std::string& where, std::str
 KOLO_IMPL_INLINE SizeRuleSpan parse_size_rule(const std::string& where, std::string_view item,
                                               RuleNameParser parse_name) {
   const auto colon = item.find(':');
-  if (colon == std::string_view::npos) {
-    throw ConfigError(where + "rule '" + std::string(item) +
-                      "' is not NAME:LO-HI (e.g. ring:0-max)");
+  SizeRuleSpan r{};
+  if (colon == std::string_view::npos) {  // a bare name: NAME:0-max
+    try {
+      r.algo = parse_name(item, "'" + std::string(item) + "'");
+    } catch (const ConfigError& e) {
+      throw ConfigError(
+          where + "rule '" + std::string(item) +
+          "' is neither an algorithm name nor NAME:LO-HI (e.g. ring:0-max): " + e.what());
+    }
+    r.lo = 0;
+    r.hi = kSizeRuleMax;
+    return r;
   }
   const std::string_view name = item.substr(0, colon);
   const std::string_view range = trim(item.substr(colon + 1));
-  SizeRuleSpan r{};
   try {
     r.algo = parse_name(name, "rule '" + std::string(item) + "'");
   } catch (const ConfigError& e) {
@@ -107,13 +115,21 @@ KOLO_IMPL_INLINE std::vector<SizeRuleSpan> parse_size_rules(std::string_view var
   std::vector<SizeRuleSpan> rules;
   if (trim(spec).empty()) throw ConfigError(where + "is empty");
   std::string_view rest = spec;
+  std::string_view bare;  // a rule that is a bare name (all sizes), if any
   while (true) {
     const auto semi = rest.find(';');
     const std::string_view item = trim(rest.substr(0, semi));
-    if (!item.empty())
+    if (!item.empty()) {
       rules.push_back(parse_size_rule(where, item, parse_name));
-    else if (semi != std::string_view::npos && semi + 1 < rest.size())
+      if (item.find(':') == std::string_view::npos) bare = item;
+    } else if (semi != std::string_view::npos && semi + 1 < rest.size()) {
       throw ConfigError(where + "empty rule between ';'");
+    }
+    if (!bare.empty() && rules.size() > 1) {
+      throw ConfigError(where + "rule '" + std::string(bare) + "' is a bare name (" +
+                        std::string(bare) +
+                        ":0-max, every size) and cannot be combined with other rules");
+    }
     if (semi == std::string_view::npos) break;
     rest.remove_prefix(semi + 1);
   }
