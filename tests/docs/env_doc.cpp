@@ -95,7 +95,7 @@ std::string accepted(const Var& v) {
       return out;
     }
     case Kind::rules:
-      return "`NAME:LO-HI;...` rules";
+      return "`NAME:LO-HI;...` rules or one `NAME` (every size)";
     case Kind::host_port:
       return "`host:port`";
     case Kind::host_ports:
