@@ -102,18 +102,11 @@ const std::vector<std::string>& bad_values(Kind k) {
       "", " ", "-1", huge, "1e400", "abc", "5s", "true", "nan", "inf", "-inf", "1,5", "--1", "\t1"};
   static const std::vector<std::string> name = {"",    " ",  "-1",      huge,   "abc",
                                                 "1.5", "42", "tcp,shm", "none;"};
-  static const std::vector<std::string> rules = {"",
-                                                 " ",
-                                                 "-1",
-                                                 huge,
-                                                 "abc",
-                                                 "1.5",
-                                                 "ring",
-                                                 "ring:0-abc",
-                                                 "ring:10-5",
-                                                 "ring:0-100",
-                                                 "ring:0-max;tree:0-max",
-                                                 "bogus:0-max"};
+  static const std::vector<std::string> rules = {
+      "",           " ",         "-1",         huge,
+      "abc",        "1.5",       "ring0-max",  "ring;ring:0-max",
+      "ring:0-abc", "ring:10-5", "ring:0-100", "ring:0-max;tree:0-max",
+      "bogus:0-max"};
   static const std::vector<std::string> host_port = {"",
                                                      " ",
                                                      "-1",
