@@ -19,9 +19,9 @@
 // (plus any registered algorithm's name). A rule is NAME:LO-HI with LO, HI inclusive byte counts
 // (K, M, G suffixes: powers of 1024; HI may be "max"); rules are separated by ';' and must cover
 // 0..max exactly once; a bare NAME alone means NAME:0-max. "auto" hands a range back to the
-// cost model. Anything else is a
-// ConfigError naming the fault. The byte count is the collective's: allreduce and broadcast the
-// buffer, allgather the whole result, reduce_scatter and alltoall the whole input.
+// cost model. Anything else is a ConfigError naming the fault. The byte count is the
+// collective's: allreduce and broadcast the buffer, allgather the whole result, reduce_scatter
+// and alltoall the whole input.
 //
 // Every rank must select the same algorithm for the same call, so the inputs are only what all
 // ranks share: the byte count, the topology, and constants that rank 0 measured and broadcast.
