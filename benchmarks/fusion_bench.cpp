@@ -9,10 +9,12 @@
 //   engine1  the same single tensor through the Engine (enqueue, wait)
 //   fused    `tensors` tensors of tensor-bytes each, all enqueued, then all waited for: the
 //            engine's steady state (cached negotiation, fusion into one collective)
+//   coalesced the same tensors as one submission (Engine::allreduce_coalesced_async): one
+//            handle, one negotiation entry
 // measured -r times, interleaved (the order rotates each repeat), so that a busy machine weighs
-// on all three alike. Each repeat gives the ratio fused / one; the median of the repeats and the
-// worst are printed (target <= 1.2). The results are checked after the timed steps (exact
-// small-integer sums). Exit 1 on a wrong element, 2 on bad arguments.
+// on all four alike. Each repeat gives the ratios fused / one and coalesced / one; the median of
+// the repeats and the worst are printed (target <= 1.2). The results are checked after the timed
+// steps (exact small-integer sums). Exit 1 on a wrong element, 2 on bad arguments.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -175,10 +177,14 @@ int main(int argc, char** argv) {
       }
       for (auto& h : handles) h.wait();
     };
+    std::vector<kolo::TensorView> views;
+    for (auto g : grads) views.emplace_back(g);
+    auto coalesced = [&] { engine.allreduce_coalesced_async("bucket", views).wait(); };
     for (long i = 0; i < a.warmup; ++i) {
       one();
       engine1();
       step();
+      coalesced();
     }
     // Besides the wall time: this process's CPU time (all threads) and its voluntary context
     // switches (a thread went to sleep: waiting for a peer or for another thread), per step.
@@ -209,17 +215,20 @@ int main(int argc, char** argv) {
       }
       return mean_us(secs, a.iters);
     };
-    std::vector<double> ones, engine1s, fuseds, ratios;
+    std::vector<double> ones, engine1s, fuseds, ratios, coalesceds, coalesced_ratios;
     std::uint64_t fused_collectives = 0, cycles = 0, driven = 0;
     for (long rep = 0; rep < a.repeats; ++rep) {
-      double o = 0, e1 = 0, f = 0;
-      for (int k = 0; k < 3; ++k) {
-        switch ((k + rep) % 3) {
+      double o = 0, e1 = 0, f = 0, c = 0;
+      for (int k = 0; k < 4; ++k) {
+        switch ((k + rep) % 4) {
           case 0:
             o = timed(one, &one_use);
             break;
           case 1:
             e1 = timed(engine1, nullptr);
+            break;
+          case 2:
+            c = timed(coalesced, nullptr);
             break;
           default: {
             const kolo::EngineStats before = engine.stats();
@@ -235,7 +244,12 @@ int main(int argc, char** argv) {
       engine1s.push_back(e1);
       fuseds.push_back(f);
       ratios.push_back(f / o);
+      coalesceds.push_back(c);
+      coalesced_ratios.push_back(c / o);
     }
+    const double coalesced_us = median(coalesceds), coalesced_ratio = median(coalesced_ratios);
+    const double coalesced_worst =
+        *std::max_element(coalesced_ratios.begin(), coalesced_ratios.end());
     const double one_us = median(ones), engine1_us = median(engine1s), fused_us = median(fuseds);
     const double ratio = median(ratios);
     const double worst = *std::max_element(ratios.begin(), ratios.end());
@@ -260,6 +274,9 @@ int main(int argc, char** argv) {
     for (auto g : grads) fill(g, me);
     step();
     for (const auto g : grads) wrong += count_wrong(g, n);
+    for (auto g : grads) fill(g, me);
+    coalesced();
+    for (const auto g : grads) wrong += count_wrong(g, n);
     double w = static_cast<double>(wrong);
     ref.allreduce(std::span<double>(&w, 1), kolo::ReduceOp::sum);
 
@@ -280,12 +297,15 @@ int main(int argc, char** argv) {
           "the waiting thread)\n",
           "fused: all tensors, Engine", fused_us, collectives_per_step, cycles_per_step,
           driven_per_step);
+      std::printf("%-44s %12.1f us\n", "coalesced: all tensors, one submission", coalesced_us);
       std::printf(
           "# per step and rank: CPU %.0f us one, %.0f us fused (%.2fx); sleeps %.1f one, %.1f "
           "fused\n",
           use[0], use[2], use[2] / use[0], use[1], use[3]);
       std::printf("# fused / one : %.3f median, %.3f worst of %ld (target <= 1.2)\n", ratio, worst,
                   a.repeats);
+      std::printf("# coalesced / one : %.3f median, %.3f worst of %ld\n", coalesced_ratio,
+                  coalesced_worst, a.repeats);
       std::printf("# Out of bounds values : %.0f %s\n", w, w > 0 ? "FAILED" : "OK");
       if (!a.json.empty()) {
         std::ofstream f(a.json);
@@ -299,7 +319,9 @@ int main(int argc, char** argv) {
           << ", \"driven_cycles_per_step\": " << driven_per_step << ", \"one_cpu_us\": " << use[0]
           << ", \"fused_cpu_us\": " << use[2] << ", \"one_sleeps\": " << use[1]
           << ", \"fused_sleeps\": " << use[3] << ", \"ratio\": " << ratio
-          << ", \"worst_ratio\": " << worst << ", \"ratios\": [";
+          << ", \"worst_ratio\": " << worst << ", \"coalesced_us\": " << coalesced_us
+          << ", \"coalesced_ratio\": " << coalesced_ratio
+          << ", \"coalesced_worst_ratio\": " << coalesced_worst << ", \"ratios\": [";
         for (std::size_t i = 0; i < ratios.size(); ++i) f << (i ? ", " : "") << ratios[i];
         f << "], \"wrong\": " << w << "}\n";
       }

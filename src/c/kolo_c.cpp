@@ -437,6 +437,30 @@ kolo_result_t kolo_engine_allreduce(kolo_engine_t engine, const char* name, cons
   });
 }
 
+kolo_result_t kolo_engine_allreduce_coalesced(kolo_engine_t engine, const char* name,
+                                              void* const* bufs, const size_t* counts, size_t n,
+                                              kolo_dtype_t dtype, kolo_op_t op,
+                                              kolo_request_t* request) {
+  if (request != nullptr) *request = nullptr;
+  return guard("kolo_engine_allreduce_coalesced", Phase::call, [&] {
+    Eng& e = engine_of(engine);
+    std::string nm = name_of(name, dtype, request);
+    if (!valid_op(op)) {
+      throw InvalidArgument{"op " + std::to_string(static_cast<int>(op)) +
+                            " is not a kolo_op_t (KOLO_SUM = 0 ... KOLO_PRODUCT = 4)"};
+    }
+    if (n == 0) throw InvalidArgument{"n is 0: a coalesced allreduce needs at least one buffer"};
+    if (bufs == nullptr) throw InvalidArgument{"bufs is NULL"};
+    if (counts == nullptr) throw InvalidArgument{"counts is NULL"};
+    std::vector<kolo::TensorView> views;
+    views.reserve(n);
+    for (size_t i = 0; i < n; ++i) views.push_back(view(bufs[i], counts[i], dtype));
+    auto r = std::make_unique<kolo_request>();
+    r->handle = e.allreduce_coalesced_async(nm, views, rop(op));
+    *request = r.release();
+  });
+}
+
 kolo_result_t kolo_engine_allgather(kolo_engine_t engine, const char* name, const void* sendbuf,
                                     size_t count, kolo_dtype_t dtype, kolo_request_t* request) {
   if (request != nullptr) *request = nullptr;

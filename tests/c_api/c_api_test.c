@@ -364,6 +364,51 @@ static void check_engine(kolo_comm_t comm, int rank, int size) {
       }
     }
   }
+
+  /* One request for a list of buffers (a bucket), twice (negotiated, then cached): buffers of
+   * 1 to 64 doubles, averaged; then its argument errors. */
+  for (int round = 0; round < 2; ++round) {
+    enum { m = 12 };
+    static double b[m][64];
+    void* bufs[m];
+    size_t counts[m];
+    for (int j = 0; j < m; ++j) {
+      counts[j] = (size_t)(1 + (j * 13) % 64);
+      bufs[j] = b[j];
+      for (size_t i = 0; i < counts[j]; ++i) b[j][i] = (double)(rank * 4 + j + (int)i + round);
+    }
+    kolo_request_t req = NULL;
+    OK(kolo_engine_allreduce_coalesced(engine, "bucket", bufs, counts, m, KOLO_FLOAT64,
+                                       KOLO_AVERAGE, &req));
+    OK(kolo_request_wait(req));
+    const void* out = (const void*)1;
+    size_t out_count = 7;
+    OK(kolo_request_output(req, &out, &out_count));
+    CHECK(out == NULL && out_count == 0);
+    kolo_request_free(req);
+    for (int j = 0; j < m; ++j) {
+      for (size_t i = 0; i < counts[j]; ++i) {
+        /* the mean of rank * 4 over the ranks is 2 * (size - 1): exact in float64 */
+        CHECK(b[j][i] == 2.0 * (size - 1) + j + (int)i + round);
+      }
+    }
+  }
+  {
+    static float x[8];
+    void* bufs[2] = {x, x + 2};
+    size_t counts[2] = {4, 4};
+    kolo_request_t req = NULL;
+    EXPECT_ERROR(kolo_engine_allreduce_coalesced(engine, "bad", bufs, counts, 2, KOLO_FLOAT32,
+                                                 KOLO_SUM, &req),
+                 KOLO_ERR_INVALID_ARGUMENT, "overlap");
+    CHECK(req == NULL);
+    EXPECT_ERROR(kolo_engine_allreduce_coalesced(engine, "bad", bufs, counts, 0, KOLO_FLOAT32,
+                                                 KOLO_SUM, &req),
+                 KOLO_ERR_INVALID_ARGUMENT, "n is 0");
+    EXPECT_ERROR(kolo_engine_allreduce_coalesced(engine, "bad", NULL, counts, 2, KOLO_FLOAT32,
+                                                 KOLO_SUM, &req),
+                 KOLO_ERR_INVALID_ARGUMENT, "bufs is NULL");
+  }
   OK(kolo_engine_destroy(engine));
 }
 

@@ -74,6 +74,8 @@ def load(path):
         "kolo_engine_create": (R, [ctypes.POINTER(P), P]),
         "kolo_engine_destroy": (R, [P]),
         "kolo_engine_allreduce": (R, [P, ctypes.c_char_p, P, P, S, I, I, ctypes.POINTER(P)]),
+        "kolo_engine_allreduce_coalesced": (R, [P, ctypes.c_char_p, ctypes.POINTER(P),
+                                                ctypes.POINTER(S), S, I, I, ctypes.POINTER(P)]),
         "kolo_engine_allgather": (R, [P, ctypes.c_char_p, P, S, I, ctypes.POINTER(P)]),
         "kolo_engine_broadcast": (R, [P, ctypes.c_char_p, P, S, I, I, ctypes.POINTER(P)]),
         "kolo_request_test": (R, [P, ctypes.POINTER(I)]),
@@ -288,6 +290,20 @@ def run_engine(comm, me, n):
     check(list(per_rank) == [r + 1 for r in range(n)], "engine allgather counts")
     for r in (r_grad, r_ids, r_params):
         lib.kolo_request_free(r)
+    # A bucket of int32 buffers (1 to 30 elements) in one request, twice (negotiated, cached).
+    for rnd in range(2):
+        counts = [1 + (j * 7) % 30 for j in range(9)]
+        bufs = [arr(INT32, [me + j + i + rnd for i in range(c)]) for j, c in enumerate(counts)]
+        ptrs = (ctypes.c_void_p * len(bufs))(*[ctypes.cast(b, ctypes.c_void_p) for b in bufs])
+        cs = (ctypes.c_size_t * len(counts))(*counts)
+        req = ctypes.c_void_p()
+        ok(lib.kolo_engine_allreduce_coalesced(engine, b"bucket", ptrs, cs, len(bufs), INT32, SUM,
+                                               ctypes.byref(req)), "engine coalesced")
+        ok(lib.kolo_request_wait(req), "coalesced request")
+        lib.kolo_request_free(req)
+        for j, b in enumerate(bufs):
+            want = [n * (n - 1) // 2 + n * (j + i + rnd) for i in range(counts[j])]
+            check(list(b) == want, f"engine coalesced buffer {j}: {list(b)}")
     ok(lib.kolo_engine_destroy(engine), "kolo_engine_destroy")
 
 

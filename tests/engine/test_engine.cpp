@@ -252,6 +252,154 @@ TEST_CASE("engine: prescale, postscale, out-of-place output, grouped allreduce")
   }
 }
 
+// allreduce_coalesced_async: one handle for many tensors, under every path a fused batch takes
+// (pieces, the fusion buffer, compression, a batch larger than the fusion threshold, one rank),
+// beside single submissions in the same cycles, negotiated and then cached. Values exact (the
+// fp16 wire: exact for these small integers).
+TEST_CASE("engine: coalesced submissions under every fusion path, values exact") {
+  struct Config {
+    const char* what;
+    std::function<void(kolo::EngineOptions&)> set;
+  };
+  const Config configs[] = {
+      {"default", [](kolo::EngineOptions&) {}},
+      {"fusion buffer", [](kolo::EngineOptions& o) { o.fusion_pieces = false; }},
+      {"threshold 4 KiB", [](kolo::EngineOptions& o) { o.fusion_threshold = 4096; }},
+      {"fp16 wire",
+       [](kolo::EngineOptions& o) { o.compression = kolo::CompressionPolicy::parse("fp16"); }},
+  };
+  for (const Config& cfg : configs) {
+    auto opts = kolo::EngineOptions::from_env();
+    cfg.set(opts);
+    auto engine = make_engine(opts);
+    const int n = engine.size(), r = engine.rank();
+    std::mt19937 rng(99u + static_cast<unsigned>(r));
+    for (int step = 0; step < 3; ++step) {  // step 0 negotiates, later steps hit the cache
+      // Three coalesced submissions (float32 sum with zero-length members, int32 max, float64
+      // average with a scale) and two single tensors, submitted in a per-rank random order.
+      struct Sub {
+        DataType dtype;
+        ReduceOp op;
+        double pre, post;
+        std::vector<Tensor> ts;
+      };
+      std::vector<Sub> subs(3);
+      subs[0] = {DataType::float32, ReduceOp::sum, 1.0, 1.0, {}};
+      subs[1] = {DataType::int32, ReduceOp::max, 1.0, 1.0, {}};
+      subs[2] = {DataType::float64, ReduceOp::average, 2.0, 0.5, {}};
+      for (std::size_t s = 0; s < subs.size(); ++s) {
+        const std::size_t members = s == 0 ? 40 : (s == 1 ? 3 : 1);
+        for (std::size_t i = 0; i < members; ++i) {
+          const std::size_t count = i % 7 == 3 ? 0 : (i * 37 + s * 11) % 700 + 1;
+          subs[s].ts.emplace_back(subs[s].dtype, count);
+          subs[s].ts.back().fill([&](std::size_t e) { return value(subs[s].op, r, i, e); });
+        }
+      }
+      std::vector<float> single_a(300), single_b(5000);
+      for (std::size_t e = 0; e < single_a.size(); ++e) single_a[e] = static_cast<float>(r + e % 4);
+      for (std::size_t e = 0; e < single_b.size(); ++e) single_b[e] = static_cast<float>(r * 2);
+      std::vector<kolo::Handle> hs(subs.size() + 2);
+      std::vector<std::size_t> order{0, 1, 2, 3, 4};
+      std::shuffle(order.begin(), order.end(), rng);
+      for (std::size_t k : order) {
+        if (k < subs.size()) {
+          std::vector<TensorView> views;
+          for (auto& t : subs[k].ts) views.push_back(t.view());
+          hs[k] = engine.allreduce_coalesced_async("bucket" + std::to_string(k), views, subs[k].op,
+                                                   subs[k].pre, subs[k].post);
+        } else if (k == subs.size()) {
+          hs[k] = engine.allreduce_async("single/a", TensorView(std::span<float>(single_a)));
+        } else {
+          hs[k] = engine.allreduce_async("single/b", TensorView(std::span<float>(single_b)));
+        }
+      }
+      for (auto& h : hs) h.wait();
+      std::size_t wrong = 0;
+      for (const Sub& s : subs) {
+        for (std::size_t i = 0; i < s.ts.size(); ++i) {
+          for (std::size_t e = 0; e < s.ts[i].count; ++e) {
+            // prescale 2 and postscale 0.5 cancel: the plain result.
+            wrong +=
+                !near(s.ts[i].at(e), expect(s.op, n, i, e, s.dtype, all_ranks(n)), s.dtype, s.op);
+          }
+        }
+      }
+      for (std::size_t e = 0; e < single_a.size(); ++e) {
+        wrong += single_a[e] != static_cast<float>(n * (n - 1) / 2 + n * static_cast<int>(e % 4));
+      }
+      for (float v : single_b) wrong += v != static_cast<float>(n * (n - 1));
+      CHECK_MESSAGE(wrong == 0, cfg.what << ", step " << step);
+    }
+    CHECK_MESSAGE(engine.stats().cached_responses > 0, cfg.what);
+  }
+}
+
+// A coalesced submission while ranks join (a joined rank contributes zeros for every member),
+// and the errors: counts that differ between ranks (a MismatchError on every rank, naming the
+// member), and bad input on the submitting rank (a ConfigError at submission).
+TEST_CASE("engine: coalesced submissions with joined ranks, mismatches and bad input") {
+  auto engine = make_engine();
+  const int n = engine.size(), r = engine.rank();
+  const int my_steps = 2 + r;  // rank r runs 2 + r steps, then joins
+  for (int step = 0; step < my_steps; ++step) {
+    std::vector<float> a(100, static_cast<float>(r + 1)), b(3, 1.0f), c(1000, 2.0f);
+    std::vector<TensorView> views{TensorView(std::span<float>(a)), TensorView(std::span<float>(b)),
+                                  TensorView(std::span<float>(c))};
+    engine.allreduce_coalesced_async("joined/bucket", views).wait();
+    float want = 0, ones = 0;
+    for (int q = 0; q < n; ++q) {
+      if (2 + q > step) {
+        want += static_cast<float>(q + 1);
+        ones += 1;
+      }
+    }
+    CHECK(a[0] == want);
+    CHECK(a[99] == want);
+    CHECK(b[2] == ones);
+    CHECK(c[999] == 2 * ones);
+  }
+  engine.join();
+
+  std::vector<float> x(10, 1.0f), y(static_cast<std::size_t>(r == 0 ? 20 : 21), 1.0f);
+  std::vector<TensorView> views{TensorView(std::span<float>(x)), TensorView(std::span<float>(y))};
+  auto h = engine.allreduce_coalesced_async("counts differ", views);
+  if (n > 1) {
+    std::string m;
+    try {
+      h.wait();
+    } catch (const kolo::MismatchError& e) {
+      m = e.what();
+    }
+    CHECK_MESSAGE(m.find("'counts differ'") != std::string::npos, m);
+    CHECK_MESSAGE(m.find("tensor 1 has 20 elements but rank") != std::string::npos, m);
+  } else {
+    h.wait();
+    CHECK(y[0] == 1.0f);
+  }
+
+  auto config_error = [&](std::vector<TensorView> v) -> std::string {
+    try {
+      engine.allreduce_coalesced_async("bad", v);
+    } catch (const kolo::ConfigError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  std::vector<float> f(8, 1.0f);
+  std::vector<double> d(8, 1.0);
+  CHECK(config_error({}).find("needs at least one tensor") != std::string::npos);
+  CHECK(config_error({TensorView(std::span<float>(f)), TensorView(std::span<double>(d))})
+            .find("tensor 1 is float64 but tensor 0 is float32") != std::string::npos);
+  CHECK(config_error(
+            {TensorView(std::span<float>(f).subspan(4)), TensorView(std::span<float>(f).first(5))})
+            .find("overlap") != std::string::npos);
+  CHECK(config_error({TensorView(nullptr, 3, DataType::float32)}).find("null data pointer") !=
+        std::string::npos);
+  // The engine still works.
+  engine.allreduce_coalesced_async("after", std::span<const TensorView>(views).first(1)).wait();
+  CHECK(x[0] == static_cast<float>(n));
+}
+
 TEST_CASE("engine: allgather with different counts and broadcast from every root") {
   auto engine = make_engine();
   const int n = engine.size(), r = engine.rank();

@@ -30,7 +30,8 @@
 #define KOLO_VERSION_MAJOR 0
 #define KOLO_VERSION_MINOR 1
 #define KOLO_VERSION_PATCH 0
-#define KOLO_VERSION_CODE (KOLO_VERSION_MAJOR * 10000 + KOLO_VERSION_MINOR * 100 + KOLO_VERSION_PATCH)
+#define KOLO_VERSION_CODE \
+  (KOLO_VERSION_MAJOR * 10000 + KOLO_VERSION_MINOR * 100 + KOLO_VERSION_PATCH)
 /* Bumped only if an existing function or value had to change (never so far). */
 #define KOLO_C_ABI_VERSION 1
 
@@ -81,7 +82,7 @@ typedef enum kolo_result KOLO_C_ENUM_BASE {
 
 /* Values equal kolo::DataType's (they travel between ranks and never change). */
 typedef enum kolo_dtype KOLO_C_ENUM_BASE {
-  KOLO_FLOAT16 = 0, /* IEEE 754 binary16 (uint16_t bit pattern) */
+  KOLO_FLOAT16 = 0,  /* IEEE 754 binary16 (uint16_t bit pattern) */
   KOLO_BFLOAT16 = 1, /* bfloat16 (the top 16 bits of a float) */
   KOLO_FLOAT32 = 2,
   KOLO_FLOAT64 = 3,
@@ -238,6 +239,16 @@ KOLO_C_API kolo_result_t kolo_engine_allreduce(kolo_engine_t engine, const char*
                                                kolo_dtype_t dtype, kolo_op_t op,
                                                kolo_request_t* request);
 
+/* Enqueues one in-place allreduce of `n` buffers under one `name`, with one request for all of
+ * them (a bucket of gradients; Horovod's grouped allreduce): bufs[i] holds counts[i] elements of
+ * `dtype`. Every rank passes the same n and counts, in the same order (else the request fails with
+ * KOLO_ERR_MISMATCH on every rank); the buffers must not overlap. Cheaper than n enqueues of
+ * small tensors: the engine's per-operation work is done once. */
+KOLO_C_API kolo_result_t kolo_engine_allreduce_coalesced(kolo_engine_t engine, const char* name,
+                                                         void* const* bufs, const size_t* counts,
+                                                         size_t n, kolo_dtype_t dtype, kolo_op_t op,
+                                                         kolo_request_t* request);
+
 /* Enqueues an allgather under `name`: counts may differ between ranks. The result (every rank's
  * elements in rank order) is owned by the request: kolo_request_output, kolo_request_counts. */
 KOLO_C_API kolo_result_t kolo_engine_allgather(kolo_engine_t engine, const char* name,
@@ -258,7 +269,8 @@ KOLO_C_API kolo_result_t kolo_request_test(kolo_request_t request, int* done);
 KOLO_C_API kolo_result_t kolo_request_wait(kolo_request_t request);
 
 /* After a successful wait: the output buffer and its element count (allreduce, broadcast: the
- * caller's recvbuf/buf; allgather: memory owned by the request, valid until kolo_request_free).
+ * caller's recvbuf/buf; allgather: memory owned by the request, valid until kolo_request_free;
+ * a coalesced allreduce: NULL and 0, its results are in its buffers).
  * Blocks until the operation finishes. */
 KOLO_C_API kolo_result_t kolo_request_output(kolo_request_t request, const void** data,
                                              size_t* count);

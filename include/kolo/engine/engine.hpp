@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <ranges>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -198,6 +199,16 @@ class Engine {
   std::vector<Handle> grouped_allreduce_async(
       const std::string& group, const std::vector<std::pair<std::string, TensorView>>& tensors,
       ReduceOp op = ReduceOp::sum, double prescale = 1.0, double postscale = 1.0);
+
+  // One submission, one handle for many host tensors (DDP's bucket, Horovod's grouped
+  // allreduce): each tensor is reduced in place as by allreduce_async, all in the same fused
+  // batch, negotiated under `name` as one entry. Every rank passes the same name and the same
+  // counts in the same order; the tensors share one dtype and must not overlap. The handle
+  // completes when every tensor holds its result (Handle::output() is empty). The cheapest way
+  // to submit many small tensors: the per-tensor bookkeeping of the engine is done once.
+  Handle allreduce_coalesced_async(std::string_view name, std::span<const TensorView> tensors,
+                                   ReduceOp op = ReduceOp::sum, double prescale = 1.0,
+                                   double postscale = 1.0);
 
   // Concatenates every rank's tensor (counts may differ) in rank order; Handle::output().
   Handle allgather_async(std::string_view name, const TensorView& tensor);

@@ -86,6 +86,8 @@ class EngineCore {
   std::vector<Handle> grouped_allreduce_async(
       const std::string& group, const std::vector<std::pair<std::string, TensorView>>& tensors,
       ReduceOp op, double prescale, double postscale);
+  Handle allreduce_coalesced_async(std::string_view name, std::span<const TensorView> tensors,
+                                   ReduceOp op, double prescale, double postscale);
   Handle allgather_async(std::string_view name, const TensorView& tensor);
   Handle broadcast_async(std::string_view name, const TensorView& tensor, int root);
   void join();
@@ -113,8 +115,11 @@ class EngineCore {
     RequestParams p;
     clock::time_point enqueued, ready;
     std::uint64_t seq = 0;  // submission order on this rank (oldest first in messages)
-    int cache_slot = -1;    // >= 0: it waits in that cache slot; -1: in pending_, by name
+    int cache_slot = -1;    // >= 0: it waits in that cache slot; -1: in pending_, by name;
+                            // kPart: one tensor of a coalesced submission, while it executes
+    std::vector<TensorView> parts;  // a coalesced submission: its tensors (in, out: unused)
   };
+  static constexpr int kPart = -2;
   // A name every rank has negotiated before, with the parameters they agreed on. A steady-state
   // submission finds its slot with one hash lookup at intake and is a slot number from then on:
   // it waits in the slot, the cycle's flags carry the slot, the response is the slot.
@@ -223,6 +228,12 @@ class EngineCore {
       throw ConfigError("engine: tensor '" + std::string(name) + "': broadcast root " +
                         std::to_string(p.root) + " is not a rank");
     }
+    return push(name, std::move(state), in, out, std::move(p), {});
+  }
+
+  // Files a checked submission in the inbox and returns its handle.
+  Handle push(std::string_view name, detail::StateRef state, const TensorView& in,
+              const TensorView& out, RequestParams&& p, std::vector<TensorView>&& parts) {
     // A waiting thread may run the cycles of a host engine. Not of a device engine: its
     // transport selects the CUDA device on the calling thread, which would change the
     // waiter's current device behind its back.
@@ -256,6 +267,7 @@ class EngineCore {
       e.local.in = in;
       e.local.out = out;
       e.local.p = std::move(p);
+      e.local.parts = std::move(parts);
       e.local.enqueued = now;
     }
     if (wake) {
@@ -711,6 +723,18 @@ class EngineCore {
       if (!q) continue;
       RequestParams a = resp.p, b = *q;
       if (a.kind == OpKind::allgather) a.count = b.count = 0;  // allgather counts may differ
+      if (!(a == b) && a.parts.size() == b.parts.size() && !a.parts.empty()) {
+        std::size_t i = 0;
+        while (i < a.parts.size() && a.parts[i] == b.parts[i]) ++i;
+        if (i < a.parts.size()) {
+          resp.error = "tensor '" + e.name + "' mismatch: rank " + std::to_string(first) +
+                       "'s tensor " + std::to_string(i) + " has " + std::to_string(a.parts[i]) +
+                       " elements but rank " + std::to_string(r) + "'s has " +
+                       std::to_string(b.parts[i]) + " (coalesced submissions: every rank passes " +
+                       "the same tensor counts, in the same order)";
+          return resp;
+        }
+      }
       if (!(a == b)) {
         resp.error = "tensor '" + e.name + "' mismatch: rank " + std::to_string(first) +
                      " submitted " + resp.p.describe() + " but rank " + std::to_string(r) +
@@ -843,11 +867,13 @@ class EngineCore {
       const RequestParams& q = cache_[k].p;
       if (!first) {
         first = &q;
-        if (q.kind != OpKind::allreduce || q.device != 0 || !q.group.empty()) return;
+        if (q.kind != OpKind::allreduce || q.device != 0 || !q.group.empty() || !q.parts.empty()) {
+          return;
+        }
         es = dtype_size(compresses(q) ? opts_.compression.wire : q.dtype);
       } else if (q.kind != OpKind::allreduce || q.dtype != first->dtype || q.op != first->op ||
                  q.prescale != first->prescale || q.postscale != first->postscale ||
-                 q.device != 0 || !q.group.empty()) {
+                 q.device != 0 || !q.group.empty() || !q.parts.empty()) {
         prepacked_.clear();
         return;
       }
@@ -1170,8 +1196,90 @@ class EngineCore {
     }
   };
 
+  // A batch with coalesced submissions runs as the batch of their tensors: each tensor a
+  // response of its own (parts_), so that every path below (pieces, fusion buffer, compression,
+  // one rank, a joined rank's zeros) handles it as it handles separate submissions. The parts'
+  // counts were negotiated, so every rank forms the same batch. Then each submission completes
+  // once.
   void run_allreduce(std::vector<Response>& responses, const std::vector<std::size_t>& batch,
                      std::size_t bytes, int active) {
+    std::size_t rows = 0;
+    bool coalesced = false;
+    for (std::size_t j : batch) {
+      const std::size_t k = responses[j].p->parts.size();
+      coalesced = coalesced || k > 0;
+      rows += k > 0 ? k : 1;
+    }
+    if (!coalesced) {
+      run_batch(responses, batch, bytes, active);
+      return;
+    }
+    // The common case, in pieces (see run_batch): the tensors' list straight to the collective.
+    const RequestParams& p = *responses[batch.front()].p;
+    const int divisor = p.op != ReduceOp::average                     ? 1
+                        : p.join_average == JoinAverage::active_ranks ? active
+                                                                      : size();
+    if (rows > 1 && in_pieces(p, divisor, active)) {
+      piece_in_.clear();
+      piece_out_.clear();
+      for (std::size_t j : batch) {
+        const Local* l = responses[j].local;
+        if (l->parts.empty()) {
+          piece_in_.push_back(l->in);
+          piece_out_.push_back(l->out);
+        } else {  // in place
+          piece_in_.insert(piece_in_.end(), l->parts.begin(), l->parts.end());
+          piece_out_.insert(piece_out_.end(), l->parts.begin(), l->parts.end());
+        }
+      }
+      run_unpacked(responses, batch, clock::now(), &EngineStats::piece_collectives,
+                   [&] { comm_.allreduce_coalesced(piece_in_, piece_out_, p.op); });
+      return;
+    }
+    part_responses_.clear();
+    part_batch_.clear();
+    if (part_locals_.size() < rows) part_locals_.resize(rows);  // pointers into them follow
+    if (part_params_.size() < rows) part_params_.resize(rows);
+    std::size_t at = 0;
+    for (std::size_t j : batch) {
+      const Response& r = responses[j];
+      if (r.p->parts.empty()) {
+        part_batch_.push_back(part_responses_.size());
+        part_responses_.push_back(r);
+        continue;
+      }
+      for (std::size_t i = 0; i < r.p->parts.size(); ++i, ++at) {
+        RequestParams& q = part_params_[at];
+        q.kind = r.p->kind;
+        q.dtype = r.p->dtype;
+        q.op = r.p->op;
+        q.count = r.p->parts[i];
+        q.prescale = r.p->prescale;
+        q.postscale = r.p->postscale;
+        q.device = r.p->device;
+        q.join_average = r.p->join_average;
+        Response e;
+        e.name = r.name;
+        e.p = &q;
+        e.cached = r.cached;
+        if (r.local) {
+          Local& l = part_locals_[at];
+          l.in = l.out = r.local->parts[i];
+          l.cache_slot = kPart;
+          e.local = &l;
+        }
+        part_batch_.push_back(part_responses_.size());
+        part_responses_.push_back(e);
+      }
+    }
+    run_batch(part_responses_, part_batch_, bytes, active);
+    for (std::size_t j : batch) {
+      if (!responses[j].p->parts.empty()) complete(responses[j], nullptr);
+    }
+  }
+
+  void run_batch(std::vector<Response>& responses, const std::vector<std::size_t>& batch,
+                 std::size_t bytes, int active) {
     const RequestParams& p = *responses[batch.front()].p;
     const int n = size();
     const ReduceOp wire_op = p.op == ReduceOp::average ? ReduceOp::sum : p.op;
@@ -1524,7 +1632,7 @@ class EngineCore {
   // notify_completed(), once per batch. r.local must not be used afterwards.
   void complete(const Response& r, std::exception_ptr err) {
     Local* l = r.local;
-    if (!l) return;
+    if (!l || l->cache_slot == kPart) return;  // a part: its submission completes as a whole
     detail::StateRef h = std::move(l->handle);
     if (l->cache_slot >= 0) {
       const auto k = static_cast<std::size_t>(l->cache_slot);
@@ -1847,7 +1955,12 @@ class EngineCore {
   std::vector<bool> joined_ranks_;
   std::vector<std::size_t> batch_, offsets_;
   std::vector<const Local*> locals_;
-  std::vector<TensorView> piece_in_, piece_out_;          // a batch in pieces: its tensors
+  std::vector<TensorView> piece_in_, piece_out_;  // a batch in pieces: its tensors
+  // A batch with coalesced submissions, one response per tensor (run_allreduce).
+  std::vector<Response> part_responses_;
+  std::vector<std::size_t> part_batch_;
+  std::vector<Local> part_locals_;
+  std::vector<RequestParams> part_params_;
   std::vector<std::size_t> prepacked_, prepack_offsets_;  // prepack(): slots and their offsets
   clock::time_point prepack_begin_, prepack_end_;
   bool prepack_skipped_own_ = false;  // prepack() left this rank's own block to the tensors
@@ -1910,6 +2023,70 @@ std::vector<Handle> EngineCore<T>::grouped_allreduce_async(
     out.push_back(enqueue(name, t, t, std::move(p)));
   }
   return out;
+}
+
+template <class T>
+Handle EngineCore<T>::allreduce_coalesced_async(std::string_view name,
+                                                std::span<const TensorView> tensors, ReduceOp op,
+                                                double prescale, double postscale) {
+  auto fail = [&](const std::string& what) {
+    throw ConfigError("engine: coalesced submission '" + std::string(name) + "': " + what);
+  };
+  if (tensors.empty()) fail("needs at least one tensor");
+  RequestParams p;
+  p.kind = OpKind::allreduce;
+  p.dtype = tensors.front().dtype;
+  p.op = op;
+  p.prescale = prescale;
+  p.postscale = postscale;
+  if (op == ReduceOp::average) p.join_average = opts_.join_average;
+  p.parts.reserve(tensors.size());
+  // No tensor may overlap another (each is reduced in place). Tensors in address order (the
+  // usual case) are checked as they come; otherwise their ranges are sorted afterwards.
+  bool ascending = true;
+  std::uintptr_t end_so_far = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const TensorView& t = tensors[i];
+    if (t.device.kind == Device::Kind::cuda) {
+      fail("tensor " + std::to_string(i) +
+           " is on a CUDA device; coalesced submissions take host tensors (submit device "
+           "tensors one by one, or as a group: grouped_allreduce_async)");
+    }
+    if (t.dtype != p.dtype) {
+      fail("tensor " + std::to_string(i) + " is " + std::string(dtype_name(t.dtype)) +
+           " but tensor 0 is " + std::string(dtype_name(p.dtype)) +
+           "; all tensors of one submission have one dtype");
+    }
+    if (t.count > 0 && !t.data) fail("tensor " + std::to_string(i) + " has a null data pointer");
+    p.parts.push_back(t.count);
+    p.count += t.count;
+    if (t.count == 0) continue;
+    const auto b = reinterpret_cast<std::uintptr_t>(t.data);
+    ascending = ascending && b >= end_so_far;
+    end_so_far = b + t.bytes();
+  }
+  if (!ascending) {
+    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
+    for (const TensorView& t : tensors) {
+      const auto b = reinterpret_cast<std::uintptr_t>(t.data);
+      if (t.count > 0) ranges.emplace_back(b, b + t.bytes());
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (std::size_t i = 1; i < ranges.size(); ++i) {
+      if (ranges[i].first < ranges[i - 1].second) {
+        fail(
+            "two of its tensors overlap in memory; each tensor is reduced in place, so they "
+            "must be disjoint");
+      }
+    }
+  }
+  if (!dtype_is_floating(p.dtype) && (prescale != 1.0 || postscale != 1.0)) {
+    fail("prescale/postscale need a floating dtype");
+  }
+  auto state = detail::make_handle_state();
+  const TensorView whole(tensors.front().data, 0, p.dtype);
+  return push(name, std::move(state), whole, whole, std::move(p),
+              std::vector<TensorView>(tensors.begin(), tensors.end()));
 }
 
 template <class T>
@@ -1992,6 +2169,13 @@ std::vector<Handle> Engine<T>::grouped_allreduce_async(
     const std::string& group, const std::vector<std::pair<std::string, TensorView>>& tensors,
     ReduceOp op, double prescale, double postscale) {
   return core_->grouped_allreduce_async(group, tensors, op, prescale, postscale);
+}
+
+template <class T>
+Handle Engine<T>::allreduce_coalesced_async(std::string_view name,
+                                            std::span<const TensorView> tensors, ReduceOp op,
+                                            double prescale, double postscale) {
+  return core_->allreduce_coalesced_async(name, tensors, op, prescale, postscale);
 }
 
 template <class T>

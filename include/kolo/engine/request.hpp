@@ -55,6 +55,9 @@ struct RequestParams {
   std::string group;  // grouped allreduce: members execute together, atomically
   std::uint32_t group_size = 0;
   std::uint8_t device = 0;  // 0: host memory, 1: CUDA device memory (must agree across ranks)
+  // A coalesced submission (Engine::allreduce_coalesced_async): its tensors' counts, in order
+  // (count is their sum). Empty for a single tensor. Every rank must pass the same list.
+  std::vector<std::uint64_t> parts;
   // Average only (world_size otherwise): ranks that disagree get a MismatchError.
   JoinAverage join_average = JoinAverage::world_size;
 
@@ -69,6 +72,7 @@ struct RequestParams {
     if (postscale != 1.0) s += ", postscale " + std::to_string(postscale);
     if (join_average == JoinAverage::active_ranks) s += ", divided by the active ranks";
     if (!group.empty()) s += ", group '" + group + "'";
+    if (!parts.empty()) s += ", " + std::to_string(parts.size()) + " tensors coalesced";
     if (device != 0) s += ", on a CUDA device";
     return s + ")";
   }
@@ -120,6 +124,8 @@ inline void serialize(std::string& out, const WireRequest& r) {
   detail::put(out, r.p.group_size);
   detail::put(out, r.p.device);
   detail::put(out, static_cast<std::uint8_t>(r.p.join_average));
+  detail::put(out, static_cast<std::uint64_t>(r.p.parts.size()));
+  for (std::uint64_t c : r.p.parts) detail::put(out, c);
 }
 
 inline std::vector<WireRequest> deserialize_requests(const std::string& in) {
@@ -139,6 +145,12 @@ inline std::vector<WireRequest> deserialize_requests(const std::string& in) {
     r.p.group_size = detail::take<std::uint32_t>(in, pos);
     r.p.device = detail::take<std::uint8_t>(in, pos);
     r.p.join_average = static_cast<JoinAverage>(detail::take<std::uint8_t>(in, pos));
+    const auto parts = detail::take<std::uint64_t>(in, pos);
+    if (parts > (in.size() - pos) / sizeof(std::uint64_t)) {
+      throw Error("engine: truncated negotiation message");
+    }
+    r.p.parts.resize(static_cast<std::size_t>(parts));
+    for (auto& c : r.p.parts) c = detail::take<std::uint64_t>(in, pos);
     out.push_back(std::move(r));
   }
   return out;
