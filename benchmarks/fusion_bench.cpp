@@ -11,6 +11,10 @@
 //            engine's steady state (cached negotiation, fusion into one collective)
 //   coalesced the same tensors as one submission (Engine::allreduce_coalesced_async): one
 //            handle, one negotiation entry
+// and with --optimizer, two more: the tensors as the gradients of a DistributedOptimizer (SGD)
+// on the same engine, averaged and applied by step():
+//   opt-each  gradient_ready(i) for each, then step()
+//   opt-list  gradients_ready() (one coalesced submission), then step()
 // measured -r times, interleaved (the order rotates each repeat), so that a busy machine weighs
 // on all four alike. Each repeat gives the ratios fused / one and coalesced / one; the median of
 // the repeats and the worst are printed (target <= 1.2). The results are checked after the timed
@@ -23,12 +27,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <kolo/engine/engine.hpp>
 #include <kolo/kolo.hpp>
+#include <kolo/optim/optim.hpp>
 
 #include "size_arg.hpp"
 
@@ -40,7 +46,8 @@ struct Args {
   long iters = 20;
   long warmup = 3;
   long repeats = 5;
-  bool flat = false;  // --layout flat: the tensors are views into one buffer, back to back
+  bool flat = false;       // --layout flat: the tensors are views into one buffer, back to back
+  bool optimizer = false;  // --optimizer: also time a DistributedOptimizer's two ways to report
   std::string transport;
   std::string json;
 };
@@ -48,7 +55,7 @@ struct Args {
 constexpr const char* kUsage =
     "Usage: kolo-fusion-bench [--tensors N] [--tensor-bytes SIZE] [-n ITERS] [-w WARMUP]\n"
     "                         [-r REPEATS] [--layout separate|flat] [--transport shm|tcp|routed]\n"
-    "                         [-J FILE]\n"
+    "                         [--optimizer] [-J FILE]\n"
     "                         (under kolo-run)\n";
 
 using kolo::bench::parse_bytes;
@@ -57,6 +64,10 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
+    if (k == "--optimizer") {
+      a.optimizer = true;
+      continue;
+    }
     if (i + 1 >= argc) throw std::invalid_argument(k + " needs a value");
     const std::string v = argv[++i];
     if (k == "--tensors") {
@@ -165,7 +176,10 @@ int main(int argc, char** argv) {
       for (auto& g : separate) grads.emplace_back(g);
     }
     std::vector<std::string> names;
-    for (std::size_t k = 0; k < a.tensors; ++k) names.push_back("grad." + std::to_string(k));
+    // "grad/k": the names a DistributedOptimizer with name_prefix "" gives parameter "k"'s
+    // gradient, so that --optimizer's submissions share the engine's cache entries with these
+    // (1024 more names would exceed the default cache capacity and evict each other).
+    for (std::size_t k = 0; k < a.tensors; ++k) names.push_back("grad/" + std::to_string(k));
     std::vector<kolo::Handle> handles(a.tensors);
     auto one = [&] { ref.allreduce(std::span<float>(big)); };
     auto engine1 = [&] {
@@ -180,11 +194,40 @@ int main(int argc, char** argv) {
     std::vector<kolo::TensorView> views;
     for (auto g : grads) views.emplace_back(g);
     auto coalesced = [&] { engine.allreduce_coalesced_async("bucket", views).wait(); };
+    // --optimizer: the tensors are the gradients of parameters (values of their own); SGD with
+    // lr = 0 leaves the values as they are, the step's pass over them is timed in both cases.
+    std::vector<std::vector<float>> values;
+    std::unique_ptr<kolo::DistributedOptimizer<kolo::SGD>> dopt;
+    if (a.optimizer) {
+      values.assign(a.tensors, std::vector<float>(per));
+      std::vector<kolo::Parameter> params;
+      for (std::size_t k = 0; k < a.tensors; ++k) {
+        params.push_back({std::to_string(k), values[k], grads[k]});
+      }
+      kolo::DistributedOptions o;
+      o.name_prefix = "";
+      o.op = kolo::ReduceOp::sum;  // the check below wants exact sums
+      dopt = std::make_unique<kolo::DistributedOptimizer<kolo::SGD>>(engine, kolo::SGD({.lr = 0.0}),
+                                                                     std::move(params), o);
+    }
+    auto opt_each = [&] {
+      for (std::size_t k = 0; k < a.tensors; ++k) dopt->gradient_ready(k);
+      dopt->step();
+    };
+    auto opt_list = [&] {
+      dopt->gradients_ready();
+      dopt->step();
+    };
+    const int cases = a.optimizer ? 6 : 4;
     for (long i = 0; i < a.warmup; ++i) {
       one();
       engine1();
       step();
       coalesced();
+      if (a.optimizer) {
+        opt_each();
+        opt_list();
+      }
     }
     // Besides the wall time: this process's CPU time (all threads) and its voluntary context
     // switches (a thread went to sleep: waiting for a peer or for another thread), per step.
@@ -216,11 +259,12 @@ int main(int argc, char** argv) {
       return mean_us(secs, a.iters);
     };
     std::vector<double> ones, engine1s, fuseds, ratios, coalesceds, coalesced_ratios;
+    std::vector<double> each_ratios, list_ratios, eachs, lists;
     std::uint64_t fused_collectives = 0, cycles = 0, driven = 0;
     for (long rep = 0; rep < a.repeats; ++rep) {
-      double o = 0, e1 = 0, f = 0, c = 0;
-      for (int k = 0; k < 4; ++k) {
-        switch ((k + rep) % 4) {
+      double o = 0, e1 = 0, f = 0, c = 0, oe = 0, ol = 0;
+      for (int k = 0; k < cases; ++k) {
+        switch ((k + rep) % cases) {
           case 0:
             o = timed(one, &one_use);
             break;
@@ -229,6 +273,12 @@ int main(int argc, char** argv) {
             break;
           case 2:
             c = timed(coalesced, nullptr);
+            break;
+          case 4:
+            oe = timed(opt_each, nullptr);
+            break;
+          case 5:
+            ol = timed(opt_list, nullptr);
             break;
           default: {
             const kolo::EngineStats before = engine.stats();
@@ -246,6 +296,12 @@ int main(int argc, char** argv) {
       ratios.push_back(f / o);
       coalesceds.push_back(c);
       coalesced_ratios.push_back(c / o);
+      if (a.optimizer) {
+        eachs.push_back(oe);
+        lists.push_back(ol);
+        each_ratios.push_back(oe / o);
+        list_ratios.push_back(ol / o);
+      }
     }
     const double coalesced_us = median(coalesceds), coalesced_ratio = median(coalesced_ratios);
     const double coalesced_worst =
@@ -277,6 +333,14 @@ int main(int argc, char** argv) {
     for (auto g : grads) fill(g, me);
     coalesced();
     for (const auto g : grads) wrong += count_wrong(g, n);
+    if (a.optimizer) {
+      for (auto g : grads) fill(g, me);
+      opt_each();
+      for (const auto g : grads) wrong += count_wrong(g, n);
+      for (auto g : grads) fill(g, me);
+      opt_list();
+      for (const auto g : grads) wrong += count_wrong(g, n);
+    }
     double w = static_cast<double>(wrong);
     ref.allreduce(std::span<double>(&w, 1), kolo::ReduceOp::sum);
 
@@ -306,6 +370,18 @@ int main(int argc, char** argv) {
                   a.repeats);
       std::printf("# coalesced / one : %.3f median, %.3f worst of %ld\n", coalesced_ratio,
                   coalesced_worst, a.repeats);
+      if (a.optimizer) {
+        const auto worst_of = [](const std::vector<double>& v) {
+          return *std::max_element(v.begin(), v.end());
+        };
+        std::printf("%-44s %12.1f us\n", "optimizer: gradient_ready(i) each, step()",
+                    median(eachs));
+        std::printf("%-44s %12.1f us\n", "optimizer: gradients_ready(), step()", median(lists));
+        std::printf("# optimizer each / one : %.3f median, %.3f worst of %ld\n",
+                    median(each_ratios), worst_of(each_ratios), a.repeats);
+        std::printf("# optimizer list / one : %.3f median, %.3f worst of %ld\n",
+                    median(list_ratios), worst_of(list_ratios), a.repeats);
+      }
       std::printf("# Out of bounds values : %.0f %s\n", w, w > 0 ? "FAILED" : "OK");
       if (!a.json.empty()) {
         std::ofstream f(a.json);
@@ -321,7 +397,14 @@ int main(int argc, char** argv) {
           << ", \"fused_sleeps\": " << use[3] << ", \"ratio\": " << ratio
           << ", \"worst_ratio\": " << worst << ", \"coalesced_us\": " << coalesced_us
           << ", \"coalesced_ratio\": " << coalesced_ratio
-          << ", \"coalesced_worst_ratio\": " << coalesced_worst << ", \"ratios\": [";
+          << ", \"coalesced_worst_ratio\": " << coalesced_worst;
+        if (a.optimizer) {
+          f << ", \"optimizer_each_us\": " << median(eachs)
+            << ", \"optimizer_list_us\": " << median(lists)
+            << ", \"optimizer_each_ratio\": " << median(each_ratios)
+            << ", \"optimizer_list_ratio\": " << median(list_ratios);
+        }
+        f << ", \"ratios\": [";
         for (std::size_t i = 0; i < ratios.size(); ++i) f << (i ? ", " : "") << ratios[i];
         f << "], \"wrong\": " << w << "}\n";
       }

@@ -99,13 +99,15 @@ class DistributedOptimizer {
   // them (they finish, or fail when a peer is lost or the engine shuts down).
   ~DistributedOptimizer() {
     owned_.reset();
-    for (Slot& s : slots_) {
-      if (!s.handle.valid()) continue;
+    auto settle = [](Handle& h) {
+      if (!h.valid()) return;
       try {
-        s.handle.wait();
+        h.wait();
       } catch (...) {  // reported by step() to whoever still trains; nothing to add here
       }
-    }
+    };
+    settle(list_);
+    for (Slot& s : slots_) settle(s.handle);
   }
 
   int rank() const { return engine_->rank(); }
@@ -127,7 +129,7 @@ class DistributedOptimizer {
     Slot& s = slots_[i];
     Parameter& p = params_[i];
     const int k = opts_.backward_passes_per_step;
-    if (s.handle.valid()) {
+    if (s.handle.valid() || list_.valid()) {
       throw Error("DistributedOptimizer: gradient of '" + p.name + "' reported more than " +
                   "backward_passes_per_step = " + std::to_string(k) +
                   " times before step(); call step() after every k backward passes");
@@ -145,8 +147,22 @@ class DistributedOptimizer {
     if (s.passes == k) submit(i, s.accum);
   }
   void gradient_ready(std::string_view name) { gradient_ready(index_of(name)); }
-  // Every parameter's gradient at once (a backward pass that cannot report one by one).
+  // Every parameter's gradient at once (a backward pass that cannot report one by one). With
+  // k = 1 and nothing reported yet this step, the gradients go to the engine as one coalesced
+  // submission (Engine::allreduce_coalesced_async, one handle and one negotiation entry for the
+  // whole list, in place on the grad spans) instead of one submission per parameter. Every rank
+  // must then report the same way: the list and single gradients have different engine names.
   void gradients_ready() {
+    {
+      std::lock_guard lock(mu_);
+      if (opts_.backward_passes_per_step == 1 && !params_.empty() && !list_.valid() &&
+          std::none_of(slots_.begin(), slots_.end(),
+                       [](const Slot& s) { return s.handle.valid(); })) {
+        const double f = opts_.op == ReduceOp::average ? opts_.gradient_predivide_factor : 1.0;
+        list_ = engine_->allreduce_coalesced_async(list_name_, list_views_, opts_.op, 1.0 / f, f);
+        return;
+      }
+    }
     for (std::size_t i = 0; i < params_.size(); ++i) gradient_ready(i);
   }
 
@@ -157,7 +173,12 @@ class DistributedOptimizer {
     handles.clear();
     {
       std::lock_guard lock(mu_);
-      for (std::size_t i = 0; i < params_.size(); ++i) {
+      const bool listed = list_.valid();  // gradients_ready() submitted them as one list
+      if (listed) {
+        handles.push_back(std::move(list_));
+        list_ = Handle();
+      }
+      for (std::size_t i = 0; !listed && i < params_.size(); ++i) {
         Slot& s = slots_[i];
         if (s.handle.valid()) continue;
         Parameter& p = params_[i];
@@ -171,7 +192,7 @@ class DistributedOptimizer {
         }
       }
       for (Slot& s : slots_) {
-        handles.push_back(std::move(s.handle));
+        if (s.handle.valid()) handles.push_back(std::move(s.handle));
         s.handle = Handle();
         s.passes = 0;
       }
@@ -245,7 +266,9 @@ class DistributedOptimizer {
       }
       if (o.backward_passes_per_step > 1) slots_[i].accum.assign(p.value.size(), 0.0f);
       slots_[i].grad_name = o.name_prefix + "grad/" + p.name;
+      list_views_.emplace_back(p.grad);
     }
+    list_name_ = o.name_prefix + "grads";
   }
 
   std::size_t index_of(std::string_view name) const {
@@ -267,6 +290,10 @@ class DistributedOptimizer {
 
   void require_idle(const char* what) {
     std::lock_guard lock(mu_);
+    if (list_.valid()) {
+      throw Error(std::string("DistributedOptimizer: ") + what +
+                  " while gradients are pending; call step() first");
+    }
     for (const Slot& s : slots_) {
       if (s.handle.valid() || s.passes > 0) {
         throw Error(std::string("DistributedOptimizer: ") + what +
@@ -289,6 +316,10 @@ class DistributedOptimizer {
   };
   std::unordered_map<std::string, std::size_t, NameHash, std::equal_to<>> index_;
   std::vector<Handle> waiting_;  // synchronize()'s handles
+  // gradients_ready()'s one submission: every grad span, in place, under one engine name.
+  std::vector<TensorView> list_views_;
+  std::string list_name_;
+  Handle list_;
   std::mutex mu_;
 };
 
