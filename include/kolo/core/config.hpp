@@ -440,7 +440,7 @@ inline constexpr Var cache_capacity{"KOLO_CACHE_CAPACITY",
                                     Reader::engine,
                                     0,
                                     1 << 24,
-                                    "1024",
+                                    "4096",
                                     "response-cache entries (0 disables the cache)"};
 inline constexpr Var stall_warning_seconds{"KOLO_STALL_WARNING_SECONDS",
                                            Kind::real,

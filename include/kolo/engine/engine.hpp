@@ -61,7 +61,7 @@ struct EngineOptions {
   double cycle_time_ms = 1.0;                   // KOLO_CYCLE_TIME_MS
   double stall_warning_seconds = 60.0;          // KOLO_STALL_WARNING_SECONDS
   double stall_shutdown_seconds = 0.0;          // KOLO_STALL_SHUTDOWN_SECONDS (0: never)
-  std::size_t cache_capacity = 1024;            // KOLO_CACHE_CAPACITY (0 disables the cache)
+  std::size_t cache_capacity = 4096;            // KOLO_CACHE_CAPACITY (0 disables the cache)
   std::string timeline;                         // KOLO_TIMELINE
   CompressionPolicy compression;                // KOLO_COMPRESSION: float32 sum/average only
   // What an average divides by while ranks have joined (KOLO_JOIN_AVERAGE=world|active): the
