@@ -10,8 +10,8 @@
 // "rank R/N (local l/L, host c/C): shard rows=..., ... correct" and exits 0 when the totals
 // match --expect-rows / --expect-sum / --expect-int-sum (1 otherwise, or on any kolo error).
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>

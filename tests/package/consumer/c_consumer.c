@@ -18,8 +18,7 @@ static int failures = 0;
 
 static void expect(int ok, const char* what) {
   if (!ok) {
-    fprintf(stderr, "kolo C consumer: FAILED: %s (last error: %s)\n", what,
-            kolo_get_last_error());
+    fprintf(stderr, "kolo C consumer: FAILED: %s (last error: %s)\n", what, kolo_get_last_error());
     ++failures;
   }
 }
@@ -43,9 +42,9 @@ int main(void) {
   kolo_request_t req = NULL;
   int ids[4] = {7, 8, 9, 10};
   expect(kolo_engine_create(&engine, comm) == KOLO_SUCCESS, "kolo_engine_create");
-  expect(kolo_engine_allreduce(engine, "ids", ids, ids, 4, KOLO_INT32, KOLO_MAX, &req) ==
-             KOLO_SUCCESS,
-         "engine allreduce");
+  expect(
+      kolo_engine_allreduce(engine, "ids", ids, ids, 4, KOLO_INT32, KOLO_MAX, &req) == KOLO_SUCCESS,
+      "engine allreduce");
   expect(kolo_request_wait(req) == KOLO_SUCCESS, "wait");
   expect(ids[0] == 7 && ids[3] == 10, "engine allreduce values");
   kolo_request_free(req);
