@@ -16,7 +16,7 @@
 //   opt-each  gradient_ready(i) for each, then step()
 //   opt-list  gradients_ready() (one coalesced submission), then step()
 // measured -r times, interleaved (the order rotates each repeat), so that a busy machine weighs
-// on all four alike. Each repeat gives the ratios fused / one and coalesced / one; the median of
+// on all of them alike. Each repeat gives the ratios fused / one and coalesced / one; the median of
 // the repeats and the worst are printed (target <= 1.2). The results are checked after the timed
 // steps (exact small-integer sums). Exit 1 on a wrong element, 2 on bad arguments.
 #include <sys/resource.h>
@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
       return us / n;
     };
 
-    // The three measurements run interleaved, repeat by repeat (the order rotates), so that
+    // The measurements run interleaved, repeat by repeat (the order rotates), so that
     // whatever else the machine does falls on all of them alike; each repeat gives a ratio.
     std::vector<float> big(total);
     fill(big, me);

@@ -290,12 +290,8 @@ class DistributedOptimizer {
 
   void require_idle(const char* what) {
     std::lock_guard lock(mu_);
-    if (list_.valid()) {
-      throw Error(std::string("DistributedOptimizer: ") + what +
-                  " while gradients are pending; call step() first");
-    }
     for (const Slot& s : slots_) {
-      if (s.handle.valid() || s.passes > 0) {
+      if (s.handle.valid() || s.passes > 0 || list_.valid()) {
         throw Error(std::string("DistributedOptimizer: ") + what +
                     " while gradients are pending; call step() first");
       }
