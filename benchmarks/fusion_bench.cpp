@@ -11,10 +11,14 @@
 //            engine's steady state (cached negotiation, fusion into one collective)
 //   coalesced the same tensors as one submission (Engine::allreduce_coalesced_async): one
 //            handle, one negotiation entry
-// and with --optimizer, two more: the tensors as the gradients of a DistributedOptimizer (SGD)
-// on the same engine, averaged and applied by step():
-//   opt-each  gradient_ready(i) for each, then step()
-//   opt-list  gradients_ready() (one coalesced submission), then step()
+// and with --optimizer, four more: the tensors as the gradients of a DistributedOptimizer (SGD)
+// on the same engine, summed and applied by step():
+//   opt-each      gradient_ready(i) for each, from the last to the first (a backward pass's
+//                 order), then step(), with the default buckets (one coalesced submission per
+//                 bucket: 1 MiB, then up to 25 MiB)
+//   opt-each, =   the same with first_bucket_bytes = 0 (every bucket up to 25 MiB)
+//   opt-each, 0   the same with bucket_bytes = 0 (one submission per gradient)
+//   opt-list, 0   bucket_bytes = 0, gradients_ready() (one coalesced submission), then step()
 // measured -r times, interleaved (the order rotates each repeat), so that a busy machine weighs
 // on all of them alike. Each repeat gives the ratios fused / one and coalesced / one; the median of
 // the repeats and the worst are printed (target <= 1.2). The results are checked after the timed
@@ -27,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -196,8 +201,10 @@ int main(int argc, char** argv) {
     auto coalesced = [&] { engine.allreduce_coalesced_async("bucket", views).wait(); };
     // --optimizer: the tensors are the gradients of parameters (values of their own); SGD with
     // lr = 0 leaves the values as they are, the step's pass over them is timed in both cases.
+    // Three optimizers over the same parameters: default buckets, buckets without the smaller
+    // first one, and no buckets.
     std::vector<std::vector<float>> values;
-    std::unique_ptr<kolo::DistributedOptimizer<kolo::SGD>> dopt;
+    std::unique_ptr<kolo::DistributedOptimizer<kolo::SGD>> dopt, dopt1, dopt0;
     if (a.optimizer) {
       values.assign(a.tensors, std::vector<float>(per));
       std::vector<kolo::Parameter> params;
@@ -207,27 +214,48 @@ int main(int argc, char** argv) {
       kolo::DistributedOptions o;
       o.name_prefix = "";
       o.op = kolo::ReduceOp::sum;  // the check below wants exact sums
-      dopt = std::make_unique<kolo::DistributedOptimizer<kolo::SGD>>(engine, kolo::SGD({.lr = 0.0}),
-                                                                     std::move(params), o);
+      using Dopt = kolo::DistributedOptimizer<kolo::SGD>;
+      dopt = std::make_unique<Dopt>(engine, kolo::SGD({.lr = 0.0}), params, o);
+      o.name_prefix = "equal/";
+      o.first_bucket_bytes = 0;
+      dopt1 = std::make_unique<Dopt>(engine, kolo::SGD({.lr = 0.0}), params, o);
+      o.name_prefix = "";
+      o.bucket_bytes = 0;
+      dopt0 = std::make_unique<Dopt>(engine, kolo::SGD({.lr = 0.0}), std::move(params), o);
     }
-    auto opt_each = [&] {
-      for (std::size_t k = 0; k < a.tensors; ++k) dopt->gradient_ready(k);
-      dopt->step();
+    struct OptCase {
+      const char* what;
+      std::function<void()> run;
+      std::vector<double> us, ratios;
     };
-    auto opt_list = [&] {
-      dopt->gradients_ready();
-      dopt->step();
-    };
-    const int cases = a.optimizer ? 6 : 4;
+    std::vector<OptCase> opt_cases;
+    if (a.optimizer) {
+      auto each = [&](kolo::DistributedOptimizer<kolo::SGD>* d) {
+        return [&a, d] {
+          for (std::size_t k = a.tensors; k-- > 0;) d->gradient_ready(k);  // backward's order
+          d->step();
+        };
+      };
+      opt_cases.push_back({"optimizer: gradient_ready(i) each, buckets", each(dopt.get()), {}, {}});
+      opt_cases.push_back(
+          {"optimizer: the same, no smaller first bucket", each(dopt1.get()), {}, {}});
+      opt_cases.push_back(
+          {"optimizer: gradient_ready(i) each, no buckets", each(dopt0.get()), {}, {}});
+      opt_cases.push_back({"optimizer: gradients_ready(), no buckets",
+                           [&] {
+                             dopt0->gradients_ready();
+                             dopt0->step();
+                           },
+                           {},
+                           {}});
+    }
+    const int cases = 4 + static_cast<int>(opt_cases.size());
     for (long i = 0; i < a.warmup; ++i) {
       one();
       engine1();
       step();
       coalesced();
-      if (a.optimizer) {
-        opt_each();
-        opt_list();
-      }
+      for (auto& c : opt_cases) c.run();
     }
     // Besides the wall time: this process's CPU time (all threads) and its voluntary context
     // switches (a thread went to sleep: waiting for a peer or for another thread), per step.
@@ -259,10 +287,10 @@ int main(int argc, char** argv) {
       return mean_us(secs, a.iters);
     };
     std::vector<double> ones, engine1s, fuseds, ratios, coalesceds, coalesced_ratios;
-    std::vector<double> each_ratios, list_ratios, eachs, lists;
     std::uint64_t fused_collectives = 0, cycles = 0, driven = 0;
     for (long rep = 0; rep < a.repeats; ++rep) {
-      double o = 0, e1 = 0, f = 0, c = 0, oe = 0, ol = 0;
+      double o = 0, e1 = 0, f = 0, c = 0;
+      std::vector<double> opt_us(opt_cases.size());
       for (int k = 0; k < cases; ++k) {
         switch ((k + rep) % cases) {
           case 0:
@@ -274,19 +302,18 @@ int main(int argc, char** argv) {
           case 2:
             c = timed(coalesced, nullptr);
             break;
-          case 4:
-            oe = timed(opt_each, nullptr);
-            break;
-          case 5:
-            ol = timed(opt_list, nullptr);
-            break;
-          default: {
+          case 3: {
             const kolo::EngineStats before = engine.stats();
             f = timed(step, &fused_use);
             const kolo::EngineStats after = engine.stats();
             fused_collectives += after.fused_collectives - before.fused_collectives;
             cycles += after.cycles - before.cycles;
             driven += driven_cycles(after) - driven_cycles(before);
+            break;
+          }
+          default: {
+            const auto j = static_cast<std::size_t>((k + rep) % cases - 4);
+            opt_us[j] = timed(opt_cases[j].run, nullptr);
           }
         }
       }
@@ -296,11 +323,9 @@ int main(int argc, char** argv) {
       ratios.push_back(f / o);
       coalesceds.push_back(c);
       coalesced_ratios.push_back(c / o);
-      if (a.optimizer) {
-        eachs.push_back(oe);
-        lists.push_back(ol);
-        each_ratios.push_back(oe / o);
-        list_ratios.push_back(ol / o);
+      for (std::size_t j = 0; j < opt_cases.size(); ++j) {
+        opt_cases[j].us.push_back(opt_us[j]);
+        opt_cases[j].ratios.push_back(opt_us[j] / o);
       }
     }
     const double coalesced_us = median(coalesceds), coalesced_ratio = median(coalesced_ratios);
@@ -333,12 +358,9 @@ int main(int argc, char** argv) {
     for (auto g : grads) fill(g, me);
     coalesced();
     for (const auto g : grads) wrong += count_wrong(g, n);
-    if (a.optimizer) {
+    for (auto& c : opt_cases) {
       for (auto g : grads) fill(g, me);
-      opt_each();
-      for (const auto g : grads) wrong += count_wrong(g, n);
-      for (auto g : grads) fill(g, me);
-      opt_list();
+      c.run();
       for (const auto g : grads) wrong += count_wrong(g, n);
     }
     double w = static_cast<double>(wrong);
@@ -370,17 +392,9 @@ int main(int argc, char** argv) {
                   a.repeats);
       std::printf("# coalesced / one : %.3f median, %.3f worst of %ld\n", coalesced_ratio,
                   coalesced_worst, a.repeats);
-      if (a.optimizer) {
-        const auto worst_of = [](const std::vector<double>& v) {
-          return *std::max_element(v.begin(), v.end());
-        };
-        std::printf("%-44s %12.1f us\n", "optimizer: gradient_ready(i) each, step()",
-                    median(eachs));
-        std::printf("%-44s %12.1f us\n", "optimizer: gradients_ready(), step()", median(lists));
-        std::printf("# optimizer each / one : %.3f median, %.3f worst of %ld\n",
-                    median(each_ratios), worst_of(each_ratios), a.repeats);
-        std::printf("# optimizer list / one : %.3f median, %.3f worst of %ld\n",
-                    median(list_ratios), worst_of(list_ratios), a.repeats);
+      for (const auto& c : opt_cases) {  // each includes step()'s SGD pass over the values
+        std::printf("%-48s %8.1f us  (/ one: %.3f median, %.3f worst)\n", c.what, median(c.us),
+                    median(c.ratios), *std::max_element(c.ratios.begin(), c.ratios.end()));
       }
       std::printf("# Out of bounds values : %.0f %s\n", w, w > 0 ? "FAILED" : "OK");
       if (!a.json.empty()) {
@@ -398,11 +412,13 @@ int main(int argc, char** argv) {
           << ", \"worst_ratio\": " << worst << ", \"coalesced_us\": " << coalesced_us
           << ", \"coalesced_ratio\": " << coalesced_ratio
           << ", \"coalesced_worst_ratio\": " << coalesced_worst;
-        if (a.optimizer) {
-          f << ", \"optimizer_each_us\": " << median(eachs)
-            << ", \"optimizer_list_us\": " << median(lists)
-            << ", \"optimizer_each_ratio\": " << median(each_ratios)
-            << ", \"optimizer_list_ratio\": " << median(list_ratios);
+        if (!opt_cases.empty()) {
+          const char* keys[] = {"optimizer_each", "optimizer_each_equal_buckets",
+                                "optimizer_each_nobuckets", "optimizer_list_nobuckets"};
+          for (std::size_t j = 0; j < opt_cases.size(); ++j) {
+            f << ", \"" << keys[j] << "_us\": " << median(opt_cases[j].us) << ", \"" << keys[j]
+              << "_ratio\": " << median(opt_cases[j].ratios);
+          }
         }
         f << ", \"ratios\": [";
         for (std::size_t i = 0; i < ratios.size(); ++i) f << (i ? ", " : "") << ratios[i];

@@ -41,6 +41,24 @@ DistributedOptions exact(DistributedOptions o = {}) {
   return o;
 }
 
+// The three ways the optimizer hands gradients to the engine: one bucket for the small models
+// here (the default sizes), small buckets (16 and 64 bytes: a parameter or two each), and no
+// buckets (one submission per gradient).
+struct BucketMode {
+  const char* what;
+  std::size_t bytes, first;
+};
+constexpr BucketMode kBucketModes[] = {
+    {"default buckets", DistributedOptions{}.bucket_bytes, DistributedOptions{}.first_bucket_bytes},
+    {"small buckets", 64, 16},
+    {"no buckets", 0, 0}};
+
+DistributedOptions with_buckets(DistributedOptions o, const BucketMode& m) {
+  o.bucket_bytes = m.bytes;
+  o.first_bucket_bytes = m.first;
+  return o;
+}
+
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
   double m = 0;
@@ -126,7 +144,13 @@ TEST_CASE("optim: data-parallel SGD and Adam equal one process on the full batch
     MESSAGE("SGD momentum, f = " << f << ": max |param - reference| = " << diff << ", loss " << l0
                                  << " -> " << l1);
     CHECK(diff <= kParamTol);
-    CHECK(l1 < 0.8 * l0);  // and it learned something
+    CHECK(l1 < 0.8 * l0);                        // and it learned something
+    for (const BucketMode& bm : kBucketModes) {  // the same step whichever way gradients travel
+      const std::string mode = bm.what;
+      CAPTURE(mode);
+      const auto got_b = distributed_training(sgd, d, kBatch, kSteps, 1, with_buckets(o, bm));
+      CHECK(max_abs_diff(ref, got_b) <= kParamTol);
+    }
 
     const auto ref_a = reference_training(adam, d, kBatch, kSteps, 1);
     const auto got_a = distributed_training(adam, d, kBatch, kSteps, 1, o);
@@ -152,28 +176,32 @@ TEST_CASE("optim: backward_passes_per_step = k equals one step on a k-times larg
   auto eo = kolo::EngineOptions::from_env();
   eo.compression = {};
   kolo::Engine<> engine(std::move(comm), eo);
-  tiny::Model m(3);
-  DistributedOptions o;
-  o.backward_passes_per_step = kPasses;
-  DistributedOptimizer<kolo::SGD> dopt(engine, sgd, m.parameters(), o);
-  for (int s = 0; s < kSteps; ++s) {
-    for (int j = 0; j < kPasses; ++j) {
-      // Pass j on rank r: the (j·n + r)-th micro-batch of this step's big batch.
-      const std::size_t first =
-          static_cast<std::size_t>(s) * big + (static_cast<std::size_t>(j) * n + r) * kMicro;
-      m.backward(d, first, kMicro, [&](std::size_t i) { dopt.gradient_ready(i); });
+  for (const BucketMode& bm : kBucketModes) {
+    const std::string mode = bm.what;
+    CAPTURE(mode);
+    tiny::Model m(3);
+    DistributedOptions o = with_buckets({}, bm);
+    o.backward_passes_per_step = kPasses;
+    DistributedOptimizer<kolo::SGD> dopt(engine, sgd, m.parameters(), o);
+    for (int s = 0; s < kSteps; ++s) {
+      for (int j = 0; j < kPasses; ++j) {
+        // Pass j on rank r: the (j·n + r)-th micro-batch of this step's big batch.
+        const std::size_t first =
+            static_cast<std::size_t>(s) * big + (static_cast<std::size_t>(j) * n + r) * kMicro;
+        m.backward(d, first, kMicro, [&](std::size_t i) { dopt.gradient_ready(i); });
+      }
+      if (s == 0) {
+        // A (k+1)-th report before step() is the caller's mistake, said locally.
+        CHECK_THROWS_WITH(dopt.gradient_ready("w2"),
+                          doctest::Contains("more than backward_passes_per_step = 3"));
+      }
+      dopt.step();
     }
-    if (s == 0) {
-      // A (k+1)-th report before step() is the caller's mistake, said locally.
-      CHECK_THROWS_WITH(dopt.gradient_ready("w2"),
-                        doctest::Contains("more than backward_passes_per_step = 3"));
-    }
-    dopt.step();
+    const double diff = max_abs_diff(ref, m.flat());
+    MESSAGE("k = " << kPasses << ", " << mode << ": max |param - reference| = " << diff);
+    CHECK(diff <= kParamTol);
+    CHECK(identical_on_every_rank(engine, "check/accumulated", m.flat()));
   }
-  const double diff = max_abs_diff(ref, m.flat());
-  MESSAGE("k = " << kPasses << ": max |param - reference| = " << diff);
-  CHECK(diff <= kParamTol);
-  CHECK(identical_on_every_rank(engine, "check/accumulated", m.flat()));
 }
 
 TEST_CASE("optim: a parameter without a gradient on some ranks contributes zeros") {
@@ -182,39 +210,42 @@ TEST_CASE("optim: a parameter without a gradient on some ranks contributes zeros
   kolo::Engine<> engine(kolo::Communicator<>::from_env(), eo);
   const int n = engine.size(), r = engine.rank();
   const auto fn = static_cast<float>(n);
-  for (int k : {1, 2}) {
-    CAPTURE(k);
-    std::vector<float> used(5, 0.0f), g_used(5), some(3, 0.0f), g_some(3), never(2, 0.0f),
-        g_never(2, 99.0f);
-    DistributedOptions o;
-    o.backward_passes_per_step = k;
-    DistributedOptimizer<kolo::SGD> dopt(
-        engine, kolo::SGD({.lr = 1.0}),
-        {{"used", used, g_used}, {"sometimes", some, g_some}, {"never", never, g_never}}, o);
-    for (int pass = 0; pass < k; ++pass) {
-      // "used": every rank, every pass, (rank + 1)·(2·pass + 1); the k passes average to
-      // (rank + 1)·k, the ranks to k·(n + 1)/2.
-      std::fill(g_used.begin(), g_used.end(), static_cast<float>((r + 1) * (2 * pass + 1)));
-      dopt.gradient_ready("used");
-      // "sometimes": rank 0 on pass 0 only (6); elsewhere the buffer holds garbage, unreported.
-      std::fill(g_some.begin(), g_some.end(), r == 0 && pass == 0 ? 6.0f : 99.0f);
-      if (r == 0 && pass == 0) dopt.gradient_ready(1);
-      // "never": nobody reports it.
+  for (const BucketMode& bm : kBucketModes)
+    for (int k : {1, 2}) {
+      const std::string mode = bm.what;
+      CAPTURE(mode);
+      CAPTURE(k);
+      std::vector<float> used(5, 0.0f), g_used(5), some(3, 0.0f), g_some(3), never(2, 0.0f),
+          g_never(2, 99.0f);
+      DistributedOptions o = with_buckets({}, bm);
+      o.backward_passes_per_step = k;
+      DistributedOptimizer<kolo::SGD> dopt(
+          engine, kolo::SGD({.lr = 1.0}),
+          {{"used", used, g_used}, {"sometimes", some, g_some}, {"never", never, g_never}}, o);
+      for (int pass = 0; pass < k; ++pass) {
+        // "used": every rank, every pass, (rank + 1)·(2·pass + 1); the k passes average to
+        // (rank + 1)·k, the ranks to k·(n + 1)/2.
+        std::fill(g_used.begin(), g_used.end(), static_cast<float>((r + 1) * (2 * pass + 1)));
+        dopt.gradient_ready("used");
+        // "sometimes": rank 0 on pass 0 only (6); elsewhere the buffer holds garbage, unreported.
+        std::fill(g_some.begin(), g_some.end(), r == 0 && pass == 0 ? 6.0f : 99.0f);
+        if (r == 0 && pass == 0) dopt.gradient_ready(1);
+        // "never": nobody reports it.
+      }
+      dopt.step();
+      const float want_used = static_cast<float>(k) * (fn + 1.0f) / 2.0f;
+      const float want_some = 6.0f / static_cast<float>(k) / fn;
+      for (float g : g_used) CHECK(g == want_used);
+      for (float g : g_some) CHECK(g == doctest::Approx(want_some));
+      for (float g : g_never) CHECK(g == 0.0f);
+      for (float v : used) CHECK(v == -want_used);
+      for (float v : some) CHECK(v == doctest::Approx(-want_some));
+      for (float v : never) CHECK(v == 0.0f);
+      // And the next step starts clean: no report at all is a step of zeros everywhere.
+      dopt.step();
+      for (float g : g_used) CHECK(g == 0.0f);
+      for (float v : some) CHECK(v == doctest::Approx(-want_some));
     }
-    dopt.step();
-    const float want_used = static_cast<float>(k) * (fn + 1.0f) / 2.0f;
-    const float want_some = 6.0f / static_cast<float>(k) / fn;
-    for (float g : g_used) CHECK(g == want_used);
-    for (float g : g_some) CHECK(g == doctest::Approx(want_some));
-    for (float g : g_never) CHECK(g == 0.0f);
-    for (float v : used) CHECK(v == -want_used);
-    for (float v : some) CHECK(v == doctest::Approx(-want_some));
-    for (float v : never) CHECK(v == 0.0f);
-    // And the next step starts clean: no report at all is a step of zeros everywhere.
-    dopt.step();
-    for (float g : g_used) CHECK(g == 0.0f);
-    for (float v : some) CHECK(v == doctest::Approx(-want_some));
-  }
 }
 
 TEST_CASE("optim: gradients_ready() submits every gradient as one coalesced list") {
@@ -222,49 +253,115 @@ TEST_CASE("optim: gradients_ready() submits every gradient as one coalesced list
   eo.compression = {};
   kolo::Engine<> engine(kolo::Communicator<>::from_env(), eo);
   const int n = engine.size(), r = engine.rank();
-  // Three parameters (one of them empty) of small integers: every sum below is exact, and with
-  // gradient_predivide_factor = 4 the scalings are powers of two until the division by n.
-  std::vector<float> a(5, 0.0f), ga(5), e, ge, b(300, 0.0f), gb(300);
+  for (const BucketMode& bm : kBucketModes) {
+    const std::string mode = bm.what;
+    CAPTURE(mode);
+    // Three parameters (one of them empty) of small integers: every sum below is exact, and with
+    // gradient_predivide_factor = 4 the scalings are powers of two until the division by n.
+    std::vector<float> a(5, 0.0f), ga(5), e, ge, b(300, 0.0f), gb(300);
+    DistributedOptions o = with_buckets({}, bm);
+    o.gradient_predivide_factor = 4.0;
+    DistributedOptimizer<kolo::SGD> dopt(engine, kolo::SGD({.lr = 1.0}),
+                                         {{"a", a, ga}, {"empty", e, ge}, {"b", b, gb}}, o);
+    for (int step = 1; step <= 3; ++step) {
+      CAPTURE(step);
+      for (std::size_t i = 0; i < ga.size(); ++i) ga[i] = static_cast<float>((r + 1) * step + i);
+      for (std::size_t i = 0; i < gb.size(); ++i) gb[i] = static_cast<float>((r + i) % 5);
+      const kolo::EngineStats before = engine.stats();
+      dopt.gradients_ready();
+      // The list is in flight: a single report or a broadcast before step() is a misuse.
+      CHECK_THROWS_WITH(dopt.gradient_ready("a"), doctest::Contains("reported more than"));
+      CHECK_THROWS_WITH(dopt.broadcast_parameters(0), doctest::Contains("call step() first"));
+      dopt.step();
+      const kolo::EngineStats after = engine.stats();
+      // One submission for the three parameters (without buckets), or one per bucket: as many
+      // responses per step (cached after the first).
+      const std::size_t lists = bm.bytes == 0 ? 1 : dopt.buckets().size();
+      CHECK(lists == (bm.bytes == 64 ? 2 : 1));  // small: {b}, {a, empty}
+      CHECK(after.cached_responses + after.uncached_responses -
+                (before.cached_responses + before.uncached_responses) ==
+            lists);
+      double sum_a0 = 0;
+      for (int q = 0; q < n; ++q) sum_a0 += (q + 1) * step;
+      for (std::size_t i = 0; i < ga.size(); ++i) {
+        const double want = (sum_a0 + static_cast<double>(i) * n) / n;
+        CHECK(ga[i] == doctest::Approx(want).epsilon(1e-6));
+      }
+      for (std::size_t i = 0; i < gb.size(); ++i) {
+        double sum = 0;
+        for (int q = 0; q < n; ++q)
+          sum += static_cast<double>((static_cast<std::size_t>(q) + i) % 5);
+        CHECK(gb[i] == doctest::Approx(sum / n).epsilon(1e-6));
+      }
+    }
+    // The per-gradient path still works on the same optimizer: the list is not stuck in flight.
+    std::fill(ga.begin(), ga.end(), 1.0f);
+    std::fill(gb.begin(), gb.end(), 2.0f);
+    dopt.gradient_ready("a");
+    dopt.gradient_ready("b");
+    dopt.gradient_ready("empty");
+    dopt.step();
+    for (float g : ga) CHECK(g == 1.0f);
+    for (float g : gb) CHECK(g == 2.0f);
+  }
+}
+
+TEST_CASE("optim: buckets are cut from the last parameter, and ranks may report in any order") {
+  auto eo = kolo::EngineOptions::from_env();
+  eo.compression = {};
+  kolo::Engine<> engine(kolo::Communicator<>::from_env(), eo);
+  const int n = engine.size(), r = engine.rank();
+  // Gradients of 100, 200, 300 and 400 floats (400 to 1600 bytes). first_bucket_bytes 1000:
+  // the last parameter alone (larger than the cap, a bucket of its own); then bucket_bytes 2000:
+  // parameters 2 and 1 (2000 bytes), then parameter 0.
+  std::vector<std::vector<float>> values, grads;
+  for (std::size_t c : {100, 200, 300, 400}) {
+    values.emplace_back(c, 0.0f);
+    grads.emplace_back(c, 0.0f);
+  }
+  auto params = [&] {
+    std::vector<kolo::Parameter> ps;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      ps.push_back({"p" + std::to_string(i), values[i], grads[i]});
+    }
+    return ps;
+  };
   DistributedOptions o;
-  o.gradient_predivide_factor = 4.0;
-  DistributedOptimizer<kolo::SGD> dopt(engine, kolo::SGD({.lr = 1.0}),
-                                       {{"a", a, ga}, {"empty", e, ge}, {"b", b, gb}}, o);
+  o.op = kolo::ReduceOp::sum;
+  o.bucket_bytes = 2000;
+  o.first_bucket_bytes = 1000;
+  DistributedOptimizer<kolo::SGD> dopt(engine, kolo::SGD({.lr = 0.0}), params(), o);
+  const std::vector<std::vector<std::size_t>> want = {{3}, {1, 2}, {0}};
+  CHECK(dopt.buckets() == want);
+  // first_bucket_bytes = 0 means bucket_bytes; bucket_bytes = 0 means no buckets.
+  o.first_bucket_bytes = 0;
+  CHECK(DistributedOptimizer<kolo::SGD>(engine, {}, params(), o).buckets() ==
+        std::vector<std::vector<std::size_t>>{{3}, {1, 2}, {0}});
+  o.bucket_bytes = 0;
+  CHECK(DistributedOptimizer<kolo::SGD>(engine, {}, params(), o).buckets().empty());
+
+  // Each rank reports in its own order (rank r starts at parameter r mod 4 and walks down),
+  // so the buckets complete in a different order on every rank; each is exactly the sum.
   for (int step = 1; step <= 3; ++step) {
     CAPTURE(step);
-    for (std::size_t i = 0; i < ga.size(); ++i) ga[i] = static_cast<float>((r + 1) * step + i);
-    for (std::size_t i = 0; i < gb.size(); ++i) gb[i] = static_cast<float>((r + i) % 5);
-    const kolo::EngineStats before = engine.stats();
-    dopt.gradients_ready();
-    // The list is in flight: a single report or a broadcast before step() is a misuse.
-    CHECK_THROWS_WITH(dopt.gradient_ready("a"), doctest::Contains("reported more than"));
-    CHECK_THROWS_WITH(dopt.broadcast_parameters(0), doctest::Contains("call step() first"));
-    dopt.step();
-    const kolo::EngineStats after = engine.stats();
-    // One submission for the three parameters: one response per step (cached after the first).
-    CHECK(after.cached_responses + after.uncached_responses -
-              (before.cached_responses + before.uncached_responses) ==
-          1);
-    double sum_a0 = 0;
-    for (int q = 0; q < n; ++q) sum_a0 += (q + 1) * step;
-    for (std::size_t i = 0; i < ga.size(); ++i) {
-      const double want = (sum_a0 + static_cast<double>(i) * n) / n;
-      CHECK(ga[i] == doctest::Approx(want).epsilon(1e-6));
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      for (std::size_t e = 0; e < grads[i].size(); ++e) {
+        grads[i][e] = static_cast<float>((r + 1) * step + static_cast<int>(i + e % 7));
+      }
     }
-    for (std::size_t i = 0; i < gb.size(); ++i) {
-      double sum = 0;
-      for (int q = 0; q < n; ++q) sum += static_cast<double>((static_cast<std::size_t>(q) + i) % 5);
-      CHECK(gb[i] == doctest::Approx(sum / n).epsilon(1e-6));
+    for (std::size_t j = 0; j < grads.size(); ++j) {
+      dopt.gradient_ready((static_cast<std::size_t>(r) + grads.size() - j) % grads.size());
+    }
+    CHECK_THROWS_WITH(dopt.gradient_ready(2), doctest::Contains("reported more than"));
+    dopt.step();
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      for (std::size_t e = 0; e < grads[i].size(); ++e) {
+        double sum = 0;
+        for (int q = 0; q < n; ++q) sum += (q + 1) * step + static_cast<int>(i + e % 7);
+        CHECK(grads[i][e] == static_cast<float>(sum));
+      }
     }
   }
-  // The per-gradient path still works on the same optimizer: the list is not stuck in flight.
-  std::fill(ga.begin(), ga.end(), 1.0f);
-  std::fill(gb.begin(), gb.end(), 2.0f);
-  dopt.gradient_ready("a");
-  dopt.gradient_ready("b");
-  dopt.gradient_ready("empty");
-  dopt.step();
-  for (float g : ga) CHECK(g == 1.0f);
-  for (float g : gb) CHECK(g == 2.0f);
 }
 
 TEST_CASE("optim: broadcast makes every rank's parameters and optimizer state bit-identical") {

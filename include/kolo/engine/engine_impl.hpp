@@ -613,6 +613,9 @@ class EngineCore {
       last_slot_ = found;
       if (slot->p == local.p) {  // the steady state: no string is built, nothing allocated
         local.cache_slot = found;
+        // A coalesced submission's two lists: the previous submission's go back to the spares
+        // that the next allreduce_coalesced_async takes, instead of being freed.
+        if (!local.parts.empty()) recycle(slot->local);
         slot->local = std::move(local);
         slot->busy = true;
         ++busy_slots_;
@@ -625,6 +628,20 @@ class EngineCore {
     to_send_.push_back(key);
     local.cache_slot = -1;
     pending_.emplace(std::move(key), std::move(local));
+  }
+
+  // Keeps a finished coalesced submission's lists (their capacity) for the next one: a step that
+  // submits the same lists every time allocates none. At most kSpares of each are kept.
+  static constexpr std::size_t kSpares = 64;
+  void recycle(Local& old) {
+    if (old.parts.capacity() == 0 && old.p.parts.capacity() == 0) return;
+    std::lock_guard inbox(inbox_lock_);
+    if (spare_views_.size() < kSpares && old.parts.capacity() > 0) {
+      spare_views_.push_back(std::move(old.parts));
+    }
+    if (spare_counts_.size() < kSpares && old.p.parts.capacity() > 0) {
+      spare_counts_.push_back(std::move(old.p.parts));
+    }
   }
 
   void evict(std::size_t k) {
@@ -1902,6 +1919,9 @@ class EngineCore {
   // dead_ are written holding both locks and read holding either.
   detail::InboxLock inbox_lock_;
   std::vector<Incoming> inbox_;  // submissions, names in inbox_names_
+  // Coalesced submissions' lists, kept for reuse (recycle(), allreduce_coalesced_async).
+  std::vector<std::vector<TensorView>> spare_views_;
+  std::vector<std::vector<std::uint64_t>> spare_counts_;
   std::string inbox_names_;
   clock::time_point inbox_since_;  // when the oldest submission in the inbox arrived
   std::size_t wake_at_ = 1;        // the inbox size at which a submission wakes the engine thread
@@ -2054,6 +2074,19 @@ Handle EngineCore<T>::allreduce_coalesced_async(std::string_view name,
   p.prescale = prescale;
   p.postscale = postscale;
   if (op == ReduceOp::average) p.join_average = opts_.join_average;
+  std::vector<TensorView> views;  // an earlier submission's lists where one is spare
+  {
+    std::lock_guard inbox(inbox_lock_);
+    if (!spare_views_.empty()) {
+      views = std::move(spare_views_.back());
+      spare_views_.pop_back();
+    }
+    if (!spare_counts_.empty()) {
+      p.parts = std::move(spare_counts_.back());
+      spare_counts_.pop_back();
+    }
+  }
+  p.parts.clear();
   p.parts.reserve(tensors.size());
   // No tensor may overlap another (each is reduced in place). Tensors in address order (the
   // usual case) are checked as they come; otherwise their ranges are sorted afterwards.
@@ -2080,7 +2113,9 @@ Handle EngineCore<T>::allreduce_coalesced_async(std::string_view name,
     end_so_far = b + t.bytes();
   }
   if (!ascending) {
-    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
+    // Kept per thread: a step that submits the same list every time allocates nothing here.
+    thread_local std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
+    ranges.clear();
     for (const TensorView& t : tensors) {
       const auto b = reinterpret_cast<std::uintptr_t>(t.data);
       if (t.count > 0) ranges.emplace_back(b, b + t.bytes());
@@ -2099,8 +2134,8 @@ Handle EngineCore<T>::allreduce_coalesced_async(std::string_view name,
   }
   auto state = detail::make_handle_state();
   const TensorView whole(tensors.front().data, 0, p.dtype);
-  return push(name, std::move(state), whole, whole, std::move(p),
-              std::vector<TensorView>(tensors.begin(), tensors.end()));
+  views.assign(tensors.begin(), tensors.end());
+  return push(name, std::move(state), whole, whole, std::move(p), std::move(views));
 }
 
 template <class T>

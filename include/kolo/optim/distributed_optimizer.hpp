@@ -13,9 +13,16 @@
 //     opt.step();                               // wait for the averages, apply SGD
 //   }
 //
-// * Overlap. gradient_ready(p) enqueues p's gradient with the engine at once (no copy), so the
-//   allreduce of the last layers runs while the backward pass computes the first ones; the
-//   engine fuses whatever is ready together. step() waits for all of them, then steps.
+// * Overlap. gradient_ready(p) hands p's gradient to the engine (no copy), so the allreduce of
+//   the last layers runs while the backward pass computes the first ones. step() waits for all
+//   of them, then steps.
+// * Buckets (bucket_bytes, default 25 MiB; the first 1 MiB), as PyTorch DDP's: the parameters
+//   are cut, from the last to the first (the order a backward pass produces their gradients), into
+//   buckets of about that many bytes of gradient; a bucket goes to the engine as one coalesced
+//   submission (one handle, one negotiation entry, in place on the grad spans) once every one of
+//   its gradients is reported, in any order. The engine fuses the buckets that are ready together.
+//   The buckets depend only on the parameters' order and sizes, so they are the same on every rank
+//   of a replicated model. bucket_bytes = 0: each gradient is its own submission (Horovod's way).
 // * Averaging (op = average): prescale 1/f, postscale f, and the engine divides by size — the
 //   result is the mean over ranks for any f = gradient_predivide_factor. Dividing by f before the
 //   sum keeps fp16-compressed sums of many ranks from overflowing; f/size after restores scale.
@@ -64,6 +71,11 @@ struct DistributedOptions {
   std::optional<CompressionPolicy> compression;
   // Prefix of the engine's tensor names: lets two optimizers share one engine.
   std::string name_prefix = "kolo.optim/";
+  // Gradient bytes per bucket (see the top of this file); 0: no buckets, one engine submission
+  // per gradient. The first bucket (the last parameters) holds first_bucket_bytes, so that
+  // communication starts early in the backward pass; 0 there: bucket_bytes.
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
 };
 
 template <Optimizer Opt, Transport T = DefaultTransport>
@@ -108,6 +120,7 @@ class DistributedOptimizer {
     };
     settle(list_);
     for (Slot& s : slots_) settle(s.handle);
+    for (Bucket& b : buckets_) settle(b.handle);
   }
 
   int rank() const { return engine_->rank(); }
@@ -116,6 +129,13 @@ class DistributedOptimizer {
   Opt& optimizer() { return opt_; }
   std::span<Parameter> parameters() { return params_; }
   const DistributedOptions& options() const { return opts_; }
+  // The buckets, each a list of parameter indices (empty when bucket_bytes = 0). Bucket b's
+  // engine name is name_prefix + "bucket/" + b: the name an engine error or timeline shows.
+  std::vector<std::vector<std::size_t>> buckets() const {
+    std::vector<std::vector<std::size_t>> out;
+    for (const Bucket& b : buckets_) out.push_back(b.members);
+    return out;
+  }
 
   // The backward pass has written parameter i's gradient (of this micro-batch) into its grad
   // span: accumulate it and, on the k-th pass, start its allreduce. The grad buffer belongs to
@@ -129,12 +149,29 @@ class DistributedOptimizer {
     Slot& s = slots_[i];
     Parameter& p = params_[i];
     const int k = opts_.backward_passes_per_step;
-    if (s.handle.valid() || list_.valid()) {
+    if (s.passes >= k || list_.valid()) {
       throw Error("DistributedOptimizer: gradient of '" + p.name + "' reported more than " +
                   "backward_passes_per_step = " + std::to_string(k) +
                   " times before step(); call step() after every k backward passes");
     }
     ++s.passes;
+    if (!buckets_.empty()) {
+      // A bucket's list is the grad spans: on the k-th pass the grad becomes the passes' sum.
+      if (k > 1) {
+        if (s.passes == 1) {
+          std::copy(p.grad.begin(), p.grad.end(), s.accum.begin());
+        } else if (s.passes < k) {
+          for (std::size_t e = 0; e < p.grad.size(); ++e) s.accum[e] += p.grad[e];
+        } else {
+          for (std::size_t e = 0; e < p.grad.size(); ++e) p.grad[e] += s.accum[e];
+        }
+      }
+      if (s.passes == k) {
+        Bucket& b = buckets_[s.bucket];
+        if (--b.waiting == 0) submit_bucket(b);
+      }
+      return;
+    }
     if (k == 1) {
       submit(i, p.grad);
       return;
@@ -147,17 +184,20 @@ class DistributedOptimizer {
     if (s.passes == k) submit(i, s.accum);
   }
   void gradient_ready(std::string_view name) { gradient_ready(index_of(name)); }
-  // Every parameter's gradient at once (a backward pass that cannot report one by one). With
-  // k = 1 and nothing reported yet this step, the gradients go to the engine as one coalesced
-  // submission (Engine::allreduce_coalesced_async, one handle and one negotiation entry for the
-  // whole list, in place on the grad spans) instead of one submission per parameter. Every rank
-  // must then report the same way: the list and single gradients have different engine names.
+  // Every parameter's gradient at once (a backward pass that cannot report one by one): the same
+  // as gradient_ready(i) for every i. With buckets, each bucket is submitted as it completes.
+  // Without them (bucket_bytes = 0), k = 1 and nothing reported yet this step, the gradients go
+  // to the engine as one coalesced submission (Engine::allreduce_coalesced_async, one handle and
+  // one negotiation entry for the whole list, in place on the grad spans) instead of one
+  // submission per parameter; every rank must then report the same way, since the list and
+  // single gradients have different engine names.
   void gradients_ready() {
     {
       std::lock_guard lock(mu_);
-      if (opts_.backward_passes_per_step == 1 && !params_.empty() && !list_.valid() &&
-          std::none_of(slots_.begin(), slots_.end(),
-                       [](const Slot& s) { return s.handle.valid(); })) {
+      if (buckets_.empty() && opts_.backward_passes_per_step == 1 && !params_.empty() &&
+          !list_.valid() && std::none_of(slots_.begin(), slots_.end(), [](const Slot& s) {
+            return s.handle.valid();
+          })) {
         const double f = opts_.op == ReduceOp::average ? opts_.gradient_predivide_factor : 1.0;
         list_ = engine_->allreduce_coalesced_async(list_name_, list_views_, opts_.op, 1.0 / f, f);
         return;
@@ -178,7 +218,26 @@ class DistributedOptimizer {
         handles.push_back(std::move(list_));
         list_ = Handle();
       }
-      for (std::size_t i = 0; !listed && i < params_.size(); ++i) {
+      for (Bucket& b : buckets_) {
+        if (!b.handle.valid()) {
+          // Missing gradients (see the top of this file): zeros, or the passes there were.
+          for (std::size_t i : b.members) {
+            Slot& s = slots_[i];
+            if (s.passes == opts_.backward_passes_per_step) continue;
+            Parameter& p = params_[i];
+            if (s.passes == 0) {
+              std::fill(p.grad.begin(), p.grad.end(), 0.0f);
+            } else {
+              std::copy(s.accum.begin(), s.accum.end(), p.grad.begin());
+            }
+          }
+          submit_bucket(b);
+        }
+        handles.push_back(std::move(b.handle));
+        b.handle = Handle();
+        b.waiting = b.members.size();
+      }
+      for (std::size_t i = 0; !listed && buckets_.empty() && i < params_.size(); ++i) {
         Slot& s = slots_[i];
         if (s.handle.valid()) continue;
         Parameter& p = params_[i];
@@ -235,6 +294,14 @@ class DistributedOptimizer {
     std::string grad_name;  // the engine's name for the gradient, built once
     Handle handle;
     std::vector<float> accum;  // k > 1: the sum of this step's passes
+    std::size_t bucket = 0;    // with buckets: its bucket
+  };
+  struct Bucket {
+    std::vector<std::size_t> members;  // parameter indices, in submission order
+    std::vector<TensorView> views;     // their grad spans
+    std::string name;
+    std::size_t waiting = 0;  // members not yet reported k times this step
+    Handle handle;
   };
 
   void validate() {
@@ -269,6 +336,44 @@ class DistributedOptimizer {
       list_views_.emplace_back(p.grad);
     }
     list_name_ = o.name_prefix + "grads";
+    make_buckets();
+  }
+
+  // Cuts the parameters, from the last to the first, into buckets of up to bucket_bytes of
+  // gradient (the first bucket first_bucket_bytes); a larger parameter is a bucket of its own.
+  // Within a bucket the members keep the parameters' order (their memory is usually ascending).
+  void make_buckets() {
+    if (opts_.bucket_bytes == 0 || params_.empty()) return;
+    std::size_t cap = opts_.first_bucket_bytes > 0 ? opts_.first_bucket_bytes : opts_.bucket_bytes;
+    std::size_t bytes = 0;
+    std::vector<std::size_t> current;
+    auto close = [&] {
+      Bucket& b = buckets_.emplace_back();
+      b.members.assign(current.rbegin(), current.rend());
+      for (std::size_t i : b.members) {
+        b.views.emplace_back(params_[i].grad);
+        slots_[i].bucket = buckets_.size() - 1;
+      }
+      b.name = opts_.name_prefix + "bucket/" + std::to_string(buckets_.size() - 1);
+      b.waiting = b.members.size();
+      current.clear();
+      bytes = 0;
+      cap = opts_.bucket_bytes;
+    };
+    for (std::size_t i = params_.size(); i-- > 0;) {
+      const std::size_t g = params_[i].grad.size() * sizeof(float);
+      if (!current.empty() && bytes + g > cap) close();
+      current.push_back(i);
+      bytes += g;
+    }
+    close();
+  }
+
+  // Submits bucket b's list, in place on its grad spans (each holding the sum of its passes).
+  void submit_bucket(Bucket& b) {
+    const double k = opts_.average_aggregated_gradients ? opts_.backward_passes_per_step : 1;
+    const double f = opts_.op == ReduceOp::average ? opts_.gradient_predivide_factor : 1.0;
+    b.handle = engine_->allreduce_coalesced_async(b.name, b.views, opts_.op, 1.0 / (f * k), f);
   }
 
   std::size_t index_of(std::string_view name) const {
@@ -304,6 +409,7 @@ class DistributedOptimizer {
   std::vector<Parameter> params_;
   DistributedOptions opts_;
   std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;  // empty: bucket_bytes = 0
   struct NameHash {
     using is_transparent = void;
     std::size_t operator()(std::string_view s) const noexcept {
