@@ -364,6 +364,33 @@ TEST_CASE("optim: buckets are cut from the last parameter, and ranks may report 
   }
 }
 
+TEST_CASE("optim: ranks whose parameters differ in size get an error naming the parameter") {
+  kolo::Engine<> engine(kolo::Communicator<>::from_env());
+  const int n = engine.size(), r = engine.rank();
+  if (n == 1) return;  // needs two ranks that disagree
+  // Rank 1's "b" has one element more: one bucket of ("a", "b") on every rank, whose counts
+  // differ at tensor 1.
+  std::vector<float> a(4, 0.0f), ga(4, 1.0f), b(r == 1 ? 6 : 5, 0.0f), gb(b.size(), 1.0f);
+  DistributedOptimizer<kolo::SGD> dopt(engine, kolo::SGD({.lr = 1.0}),
+                                       {{"a", a, ga}, {"b", b, gb}});
+  REQUIRE(dopt.buckets().size() == 1);
+  dopt.gradient_ready(0);
+  dopt.gradient_ready(1);
+  try {
+    dopt.step();
+    FAIL("step() returned on rank " << r);
+  } catch (const kolo::MismatchError& e) {
+    const std::string what = e.what();
+    CAPTURE(what);
+    CHECK(what.find("kolo.optim/bucket/0") != std::string::npos);
+    CHECK(what.find("tensor 1 has 5 elements") != std::string::npos);
+    CHECK(what.find("tensor 1 is parameter 'b'") != std::string::npos);
+  }
+  // The optimizer is still usable afterwards: a bucket of zeros everywhere fails the same way,
+  // and nothing hangs.
+  CHECK_THROWS_AS(dopt.step(), kolo::MismatchError);
+}
+
 TEST_CASE("optim: broadcast makes every rank's parameters and optimizer state bit-identical") {
   auto comm = kolo::Communicator<>::from_env();
   const int n = comm.size(), r = comm.rank();

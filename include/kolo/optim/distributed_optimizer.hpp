@@ -256,7 +256,15 @@ class DistributedOptimizer {
         s.passes = 0;
       }
     }
-    for (Handle& h : handles) h.wait();
+    for (std::size_t j = 0; j < handles.size(); ++j) {
+      try {
+        handles[j].wait();
+      } catch (const MismatchError& e) {
+        // With buckets, handle j is bucket j's: say which parameter the engine's index means.
+        if (j >= buckets_.size()) throw;
+        throw MismatchError(e.what() + bucket_hint(buckets_[j], e.what()));
+      }
+    }
     handles.clear();
   }
 
@@ -374,6 +382,23 @@ class DistributedOptimizer {
     const double k = opts_.average_aggregated_gradients ? opts_.backward_passes_per_step : 1;
     const double f = opts_.op == ReduceOp::average ? opts_.gradient_predivide_factor : 1.0;
     b.handle = engine_->allreduce_coalesced_async(b.name, b.views, opts_.op, 1.0 / (f * k), f);
+  }
+
+  // For an engine mismatch error about bucket b ("...'s tensor K has..."): which parameter
+  // tensor K of the bucket is, on this rank.
+  std::string bucket_hint(const Bucket& b, std::string_view what) const {
+    const std::string_view key = "'s tensor ";
+    const auto at = what.find(key);
+    if (at == std::string_view::npos) return "";
+    std::size_t k = 0, i = at + key.size();
+    if (i >= what.size() || what[i] < '0' || what[i] > '9') return "";
+    for (; i < what.size() && what[i] >= '0' && what[i] <= '9'; ++i) {
+      k = k * 10 + static_cast<std::size_t>(what[i] - '0');
+    }
+    if (k >= b.members.size()) return "";
+    return "; in DistributedOptimizer bucket '" + b.name + "' tensor " + std::to_string(k) +
+           " is parameter '" + params_[b.members[k]].name +
+           "' on this rank (every rank needs the same parameters, in the same order and sizes)";
   }
 
   std::size_t index_of(std::string_view name) const {
