@@ -365,12 +365,15 @@ TEST_CASE("engine: coalesced submissions with joined ranks, mismatches and bad i
   auto h = engine.allreduce_coalesced_async("counts differ", views);
   if (n > 1) {
     std::string m;
+    long index = -2;
     try {
       h.wait();
     } catch (const kolo::MismatchError& e) {
       m = e.what();
+      index = e.tensor_index();
     }
     CHECK_MESSAGE(m.find("'counts differ'") != std::string::npos, m);
+    CHECK(index == 1);  // the list's first tensor whose count differs
     CHECK_MESSAGE(m.find("tensor 1 has 20 elements but rank") != std::string::npos, m);
   } else {
     h.wait();
@@ -440,6 +443,7 @@ TEST_CASE("engine: mismatched dtype or count is an error on every rank, naming b
       CHECK(m.find("mixed") != std::string::npos);
       CHECK(m.find("int32") != std::string::npos);
       CHECK(m.find("float32") != std::string::npos);
+      CHECK(e.tensor_index() == -1);  // not about one tensor of a list
     }
   }
   std::vector<float> c(static_cast<std::size_t>(r == 0 ? 10 : 11), 1);

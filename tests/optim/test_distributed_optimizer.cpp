@@ -385,6 +385,7 @@ TEST_CASE("optim: ranks whose parameters differ in size get an error naming the 
     CHECK(what.find("kolo.optim/bucket/0") != std::string::npos);
     CHECK(what.find("tensor 1 has 5 elements") != std::string::npos);
     CHECK(what.find("tensor 1 is parameter 'b'") != std::string::npos);
+    CHECK(e.tensor_index() == 1);
   }
   // The optimizer is still usable afterwards: a bucket of zeros everywhere fails the same way,
   // and nothing hangs.

@@ -36,7 +36,16 @@ class PeerLostError : public Error {
 
 class MismatchError : public Error {
  public:
-  explicit MismatchError(const std::string& what) : Error(what, ErrorKind::mismatch) {}
+  // tensor: for a list of tensors (Engine::allreduce_coalesced_async) whose element counts differ
+  // between ranks, the index of the first tensor that differs; -1 when the error is not about
+  // one tensor of a list.
+  explicit MismatchError(const std::string& what, long tensor = -1)
+      : Error(what, ErrorKind::mismatch), tensor_(tensor) {}
+  // The index of the list's first tensor whose element count differs between ranks, or -1.
+  long tensor_index() const noexcept { return tensor_; }
+
+ private:
+  long tensor_;
 };
 
 class ConfigError : public Error {

@@ -144,6 +144,7 @@ class EngineCore {
     RequestParams p;
     std::vector<std::size_t> counts;  // allgather
     std::string error;                // non-empty: a mismatch, delivered to the handle
+    long error_tensor = -1;           // a list's first tensor whose count differs (else -1)
   };
   // What a cycle runs: a name every rank agreed on. It points into its cache slot or Decided.
   struct Response {
@@ -158,6 +159,7 @@ class EngineCore {
       static const std::string none;
       return decided ? decided->error : none;
     }
+    long error_tensor() const { return decided ? decided->error_tensor : -1; }
   };
   // A submission on its way to the engine thread; the name is in the inbox's name buffer.
   struct Incoming {
@@ -749,6 +751,7 @@ class EngineCore {
                        " elements but rank " + std::to_string(r) + "'s has " +
                        std::to_string(b.parts[i]) + " (coalesced submissions: every rank passes " +
                        "the same tensor counts, in the same order)";
+          resp.error_tensor = static_cast<long>(i);
           return resp;
         }
       }
@@ -1076,7 +1079,7 @@ class EngineCore {
     // Errors first: they need no collective.
     for (auto& r : responses) {
       if (r.error().empty()) continue;
-      complete(r, std::make_exception_ptr(MismatchError(r.error())));
+      complete(r, std::make_exception_ptr(MismatchError(r.error(), r.error_tensor())));
     }
     done_.assign(responses.size(), 0);
     for (std::size_t i = 0; i < responses.size(); ++i) {

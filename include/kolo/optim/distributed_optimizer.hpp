@@ -262,7 +262,8 @@ class DistributedOptimizer {
       } catch (const MismatchError& e) {
         // With buckets, handle j is bucket j's: say which parameter the engine's index means.
         if (j >= buckets_.size()) throw;
-        throw MismatchError(e.what() + bucket_hint(buckets_[j], e.what()));
+        throw MismatchError(e.what() + bucket_hint(buckets_[j], e.tensor_index()),
+                            e.tensor_index());
       }
     }
     handles.clear();
@@ -384,20 +385,12 @@ class DistributedOptimizer {
     b.handle = engine_->allreduce_coalesced_async(b.name, b.views, opts_.op, 1.0 / (f * k), f);
   }
 
-  // For an engine mismatch error about bucket b ("...'s tensor K has..."): which parameter
-  // tensor K of the bucket is, on this rank.
-  std::string bucket_hint(const Bucket& b, std::string_view what) const {
-    const std::string_view key = "'s tensor ";
-    const auto at = what.find(key);
-    if (at == std::string_view::npos) return "";
-    std::size_t k = 0, i = at + key.size();
-    if (i >= what.size() || what[i] < '0' || what[i] > '9') return "";
-    for (; i < what.size() && what[i] >= '0' && what[i] <= '9'; ++i) {
-      k = k * 10 + static_cast<std::size_t>(what[i] - '0');
-    }
-    if (k >= b.members.size()) return "";
+  // For an engine mismatch error about tensor k of bucket b's list (MismatchError::tensor_index):
+  // which parameter that is, on this rank.
+  std::string bucket_hint(const Bucket& b, long k) const {
+    if (k < 0 || static_cast<std::size_t>(k) >= b.members.size()) return "";
     return "; in DistributedOptimizer bucket '" + b.name + "' tensor " + std::to_string(k) +
-           " is parameter '" + params_[b.members[k]].name +
+           " is parameter '" + params_[b.members[static_cast<std::size_t>(k)]].name +
            "' on this rank (every rank needs the same parameters, in the same order and sizes)";
   }
 
