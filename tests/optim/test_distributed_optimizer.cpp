@@ -364,15 +364,71 @@ TEST_CASE("optim: buckets are cut from the last parameter, and ranks may report 
   }
 }
 
+TEST_CASE("optim: ranks whose parameters differ fail construction, naming the difference") {
+  kolo::Engine<> engine(kolo::Communicator<>::from_env());
+  const int n = engine.size(), r = engine.rank();
+  std::vector<float> a(4, 0.0f), ga(4, 1.0f), b(5, 0.0f), gb(5, 1.0f), c(3, 0.0f), gc(3, 1.0f);
+  std::vector<float> b6(6, 0.0f), gb6(6, 1.0f);
+  auto build = [&](std::vector<kolo::Parameter> ps, const std::string& prefix) {
+    DistributedOptions o;
+    o.name_prefix = prefix;
+    DistributedOptimizer<kolo::SGD> dopt(engine, kolo::SGD({.lr = 1.0}), std::move(ps), o);
+    return dopt.parameters().size();
+  };
+  // The same parameters everywhere: the check passes, and the optimizer works.
+  CHECK(build({{"a", a, ga}, {"b", b, gb}}, "same/") == 2);
+  auto error_of = [&](std::vector<kolo::Parameter> ps, const std::string& prefix) {
+    try {
+      build(std::move(ps), prefix);
+    } catch (const kolo::MismatchError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  if (n == 1) return;  // the rest needs two ranks that disagree
+  // Rank 1's "b" is larger: every rank gets the same message, naming parameter 1 on both ranks.
+  std::string m = error_of(r == 1 ? std::vector<kolo::Parameter>{{"a", a, ga}, {"b", b6, gb6}}
+                                  : std::vector<kolo::Parameter>{{"a", a, ga}, {"b", b, gb}},
+                           "size/");
+  CHECK_MESSAGE(m.find("parameter 1 is 'b' (6 elements) on rank 1 but 'b' (5 elements) on rank "
+                       "0") != std::string::npos,
+                m);
+  // A different name at the same place.
+  m = error_of(r == n - 1 ? std::vector<kolo::Parameter>{{"a", a, ga}, {"c", b, gb}}
+                          : std::vector<kolo::Parameter>{{"a", a, ga}, {"b", b, gb}},
+               "name/");
+  CHECK_MESSAGE(m.find("parameter 1 is 'c' (5 elements) on rank " + std::to_string(n - 1) +
+                       " but 'b' (5 elements) on rank 0") != std::string::npos,
+                m);
+  // Rank 1 has an extra parameter at the end (the case that would otherwise leave a bucket
+  // that only rank 1 submits), and then rank 0 has one.
+  m = error_of(r == 1 ? std::vector<kolo::Parameter>{{"a", a, ga}, {"b", b, gb}, {"c", c, gc}}
+                      : std::vector<kolo::Parameter>{{"a", a, ga}, {"b", b, gb}},
+               "extra/");
+  CHECK_MESSAGE(m.find("rank 1 has 3 parameters but rank 0 has 2 (the first extra one is 'c' (3 "
+                       "elements) on rank 1") != std::string::npos,
+                m);
+  m = error_of(r == 0 ? std::vector<kolo::Parameter>{{"a", a, ga}, {"b", b, gb}, {"c", c, gc}}
+                      : std::vector<kolo::Parameter>{{"a", a, ga}, {"b", b, gb}},
+               "fewer/");
+  CHECK_MESSAGE(m.find("rank 1 has 2 parameters but rank 0 has 3 (the first extra one is 'c' (3 "
+                       "elements) on rank 0") != std::string::npos,
+                m);
+  // The engine is still usable after the failed constructions.
+  CHECK(build({{"a", a, ga}, {"b", b, gb}}, "again/") == 2);
+}
+
 TEST_CASE("optim: ranks whose parameters differ in size get an error naming the parameter") {
   kolo::Engine<> engine(kolo::Communicator<>::from_env());
   const int n = engine.size(), r = engine.rank();
   if (n == 1) return;  // needs two ranks that disagree
   // Rank 1's "b" has one element more: one bucket of ("a", "b") on every rank, whose counts
-  // differ at tensor 1.
+  // differ at tensor 1. The construction check is off, so the step itself meets the difference.
   std::vector<float> a(4, 0.0f), ga(4, 1.0f), b(r == 1 ? 6 : 5, 0.0f), gb(b.size(), 1.0f);
-  DistributedOptimizer<kolo::SGD> dopt(engine, kolo::SGD({.lr = 1.0}),
-                                       {{"a", a, ga}, {"b", b, gb}});
+  DistributedOptions unchecked;
+  unchecked.verify_parameters = false;
+  DistributedOptimizer<kolo::SGD> dopt(engine, kolo::SGD({.lr = 1.0}), {{"a", a, ga}, {"b", b, gb}},
+                                       unchecked);
   REQUIRE(dopt.buckets().size() == 1);
   dopt.gradient_ready(0);
   dopt.gradient_ready(1);

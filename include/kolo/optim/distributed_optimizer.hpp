@@ -42,6 +42,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -76,6 +77,12 @@ struct DistributedOptions {
   // communication starts early in the backward pass; 0 there: bucket_bytes.
   std::size_t bucket_bytes = std::size_t{25} << 20;
   std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  // At construction, check that every rank has the same parameters (count, order, names and
+  // sizes) with one allgather through the engine, as PyTorch DDP checks its model: a difference
+  // is a MismatchError on every rank naming the first parameter that differs, instead of a step
+  // that waits for a bucket the other ranks never submit. Every rank must then construct its
+  // optimizer at the same point (it is a collective); false skips the check.
+  bool verify_parameters = true;
 };
 
 template <Optimizer Opt, Transport T = DefaultTransport>
@@ -89,6 +96,7 @@ class DistributedOptimizer {
     validate();
     owned_ = std::make_unique<Engine<T>>(std::move(comm), std::move(eo));
     engine_ = owned_.get();
+    if (opts_.verify_parameters) verify_parameters();
   }
 
   // Shares `engine` (which must outlive this optimizer); its options decide compression.
@@ -101,6 +109,7 @@ class DistributedOptimizer {
           "EngineOptions::compression (or KOLO_COMPRESSION), not by DistributedOptions");
     }
     validate();
+    if (opts_.verify_parameters) verify_parameters();
   }
 
   DistributedOptimizer(const DistributedOptimizer&) = delete;
@@ -346,6 +355,62 @@ class DistributedOptimizer {
     }
     list_name_ = o.name_prefix + "grads";
     make_buckets();
+  }
+
+  // DistributedOptions::verify_parameters: every rank sends "count\0name\0size\0..." for its
+  // parameters; every rank compares each rank's list with rank 0's, so all find the same first
+  // difference (lowest rank, then lowest index) and throw the same error.
+  void verify_parameters() {
+    std::string mine = std::to_string(params_.size());
+    mine.push_back('\0');
+    for (const Parameter& p : params_) {
+      mine += p.name;
+      mine.push_back('\0');
+      mine += std::to_string(p.value.size());
+      mine.push_back('\0');
+    }
+    Handle h = engine_->allgather_async(
+        opts_.name_prefix + "parameters",
+        TensorView(reinterpret_cast<std::uint8_t*>(mine.data()), mine.size(), DataType::uint8));
+    const TensorView all = h.output();
+    const auto* bytes = static_cast<const char*>(all.data);
+    using Layout = std::vector<std::string>;  // count, then name and size per parameter
+    std::vector<Layout> ranks;
+    std::size_t at = 0;
+    for (std::size_t c : h.counts()) {
+      Layout& l = ranks.emplace_back();
+      for (std::size_t i = at, from = at; i < at + c; ++i) {
+        if (bytes[i] == '\0') {
+          l.emplace_back(bytes + from, i - from);
+          from = i + 1;
+        }
+      }
+      at += c;
+    }
+    auto describe = [](const Layout& l, std::size_t i) {
+      return "'" + l[1 + 2 * i] + "' (" + l[2 + 2 * i] + " elements)";
+    };
+    const Layout& first = ranks[0];
+    for (std::size_t r = 1; r < ranks.size(); ++r) {
+      const Layout& l = ranks[r];
+      const std::size_t n = std::min(l.size(), first.size()) / 2;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (l[1 + 2 * i] == first[1 + 2 * i] && l[2 + 2 * i] == first[2 + 2 * i]) continue;
+        throw MismatchError("DistributedOptimizer: the ranks' parameters differ: parameter " +
+                            std::to_string(i) + " is " + describe(l, i) + " on rank " +
+                            std::to_string(r) + " but " + describe(first, i) +
+                            " on rank 0 (every rank needs the same parameters, in the same "
+                            "order, names and sizes)");
+      }
+      if (l.size() != first.size()) {
+        const bool more = l.size() > first.size();
+        throw MismatchError("DistributedOptimizer: the ranks' parameters differ: rank " +
+                            std::to_string(r) + " has " + l[0] + " parameters but rank 0 has " +
+                            first[0] + " (the first extra one is " + describe(more ? l : first, n) +
+                            " on rank " + (more ? std::to_string(r) : std::string("0")) +
+                            "; every rank needs the same parameters)");
+      }
+    }
   }
 
   // Cuts the parameters, from the last to the first, into buckets of up to bucket_bytes of
