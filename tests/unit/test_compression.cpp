@@ -18,6 +18,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kolo/compression/compressor.hpp"
@@ -265,6 +266,72 @@ TEST_CASE("compression: the AVX2 bfloat16 path and the scalar path agree bit for
 #endif
 }
 
+// What the compressed ring did before fold existed, in separate passes: decompress, an fp32
+// add (reduce_function), finish_average, and a compress/decompress round trip.
+std::vector<float> composed_fold(const CompressionPolicy& c, const std::vector<std::uint16_t>& w,
+                                 const float* local, int divisor, bool round) {
+  const std::size_t n = w.size();
+  std::vector<float> tmp(n), dst(n);
+  c.decompress(w.data(), tmp.data(), n, 1.0f);
+  if (local != nullptr) {
+    kolo::reduce_function(kolo::DataType::float32, kolo::ReduceOp::sum)(dst.data(), local,
+                                                                        tmp.data(), n);
+  } else {
+    dst = tmp;
+  }
+  kolo::finish_average(dst.data(), n, kolo::DataType::float32, divisor);
+  if (round) {
+    std::vector<std::uint16_t> r(n);
+    c.compress(dst.data(), r.data(), n, 1.0f);
+    c.decompress(r.data(), dst.data(), n, 1.0f);
+  }
+  return dst;
+}
+
+TEST_CASE("compression: fold (the ring's one-pass step) equals the separate passes, bit for bit") {
+  // Wire values of every bit pattern (NaN, Inf, subnormals), local values of any bits and of
+  // ordinary magnitudes; a count that is not a multiple of 8, so the scalar tail runs too.
+  std::mt19937 rng(21);
+  const std::size_t n = 65536 + 7;
+  std::vector<std::uint16_t> w(n);
+  for (std::size_t i = 0; i < n; ++i) w[i] = static_cast<std::uint16_t>(i * 40503u);
+  auto local = any_bits(rng, n / 2);
+  const auto ordinary = log_uniform(rng, n - n / 2, 0x1p-20, 7e4);
+  local.insert(local.end(), ordinary.begin(), ordinary.end());
+  std::vector<float> in_place(n);
+  for (const CompressionPolicy& c :
+       {CompressionPolicy::of<Fp16Compressor>(), CompressionPolicy::of<Bf16Compressor>()}) {
+    CAPTURE(c.name);
+    REQUIRE((c.fold != nullptr));
+    for (bool with_local : {false, true}) {
+      for (int divisor : {1, 3, 8}) {
+        for (bool round : {false, true}) {
+          CAPTURE(with_local);
+          CAPTURE(divisor);
+          CAPTURE(round);
+          const float* l = with_local ? local.data() : nullptr;
+          const auto want = composed_fold(c, w, l, divisor, round);
+          std::vector<float> got(n);
+          c.fold(w.data(), l, got.data(), n, divisor, round);
+          // In place (dst = local), as the ring runs when the output is the input.
+          in_place = local;
+          c.fold(w.data(), with_local ? in_place.data() : nullptr, in_place.data(), n, divisor,
+                 round);
+          std::size_t differ = 0;
+          for (std::size_t i = 0; i < n; ++i) {
+            const bool same = same_value(got[i], want[i]) && same_value(in_place[i], want[i]);
+            if (!same && differ++ < 5) {
+              FAIL_CHECK("element " << i << ": fold " << got[i] << " / " << in_place[i]
+                                    << ", passes " << want[i]);
+            }
+          }
+          CHECK(differ == 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("compression: bf16 round trip within 2^-8 relative, subnormals, Inf and NaN") {
   std::mt19937 rng(13);
   for (auto [lo, hi] : {std::pair{0x1p-126, 0x1p127}, std::pair{0x1p-149, 0x1p-126},
@@ -361,4 +428,8 @@ TEST_CASE("compression: KOLO_COMPRESSION selects a policy, a user compressor plu
   mine.decompress(w.data(), y.data(), 2, 2.0f);
   CHECK(y[0] == 2.0f * (1.0f + 0x1p-7f));  // truncated, then scaled
   CHECK(y[1] == -6.0f);
+  // Without a static fold, the policy's fold is null: the compressed ring takes the separate
+  // passes (decompress, add, round trip) with the user's functions.
+  CHECK((mine.fold == nullptr));
+  CHECK((CompressionPolicy::of<Fp16Compressor>().fold != nullptr));
 }

@@ -218,13 +218,19 @@ class WireRingRun {
     if (len == 0) return;
     const std::byte* w = ws_.recv_slots + p.slot * ws_.seg_w;
     float* dst = st.recv + off;
+    const bool finish = p.stage == finish_stage_;
+    if (c.fold != nullptr) {  // the same steps in one pass over the segment
+      c.fold(w, st.local != nullptr ? st.local + off : nullptr, dst, len, finish ? divisor_ : 1,
+             finish);
+      return;
+    }
     if (st.local != nullptr) {
       c.decompress(w, ws_.f32_tmp, len, 1.0f);
       add_(dst, st.local + off, ws_.f32_tmp, len);
     } else {
       c.decompress(w, dst, len, 1.0f);
     }
-    if (p.stage == finish_stage_) {
+    if (finish) {
       finish_average(dst, len, DataType::float32, divisor_);
       c.compress(dst, ws_.wire_tmp, len, 1.0f);
       c.decompress(ws_.wire_tmp, dst, len, 1.0f);

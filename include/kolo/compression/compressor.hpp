@@ -72,6 +72,26 @@ struct Fp16Compressor {
 #endif
     for (std::size_t i = 0; i < n; ++i) d[i] = detail::half_bits_to_float(in[i]) * scale;
   }
+  // The compressed ring's step on a received segment `w` of n wire values, in one pass: v =
+  // float(w[i]), plus local[i] when local is not null, divided by divisor when it is > 1, rounded
+  // to float16 and back when round is set; dst[i] = v. The same bits as decompress, an fp32 add,
+  // the division and a compress/decompress round trip done one after the other. dst may be
+  // local (in place).
+  static void fold(const void* w, const float* local, float* dst, std::size_t n, int divisor,
+                   bool round) {
+    const auto* in = static_cast<const std::uint16_t*>(w);
+#ifdef KOLO_HAVE_F16C_DISPATCH
+    if (detail::cpu_has_f16c()) return detail::fold_f16_f16c(in, local, dst, n, divisor, round);
+#endif
+    const float df = static_cast<float>(divisor);
+    for (std::size_t i = 0; i < n; ++i) {
+      float v = detail::half_bits_to_float(in[i]);
+      if (local) v = local[i] + v;
+      if (divisor > 1) v = v / df;
+      if (round) v = detail::half_bits_to_float(detail::float_to_half_bits(v));
+      dst[i] = v;
+    }
+  }
 };
 
 struct Bf16Compressor {
@@ -93,6 +113,22 @@ struct Bf16Compressor {
 #endif
     for (std::size_t i = 0; i < n; ++i) d[i] = detail::bfloat16_bits_to_float(in[i]) * scale;
   }
+  // As Fp16Compressor::fold, rounding to bfloat16.
+  static void fold(const void* w, const float* local, float* dst, std::size_t n, int divisor,
+                   bool round) {
+    const auto* in = static_cast<const std::uint16_t*>(w);
+#ifdef KOLO_HAVE_F16C_DISPATCH
+    if (detail::cpu_has_avx2()) return detail::fold_bf16_avx2(in, local, dst, n, divisor, round);
+#endif
+    const float df = static_cast<float>(divisor);
+    for (std::size_t i = 0; i < n; ++i) {
+      float v = detail::bfloat16_bits_to_float(in[i]);
+      if (local) v = local[i] + v;
+      if (divisor > 1) v = v / df;
+      if (round) v = detail::bfloat16_bits_to_float(detail::float_to_bfloat16_bits(v));
+      dst[i] = v;
+    }
+  }
 };
 
 static_assert(Compressor<NoCompression> && Compressor<Fp16Compressor> &&
@@ -104,6 +140,10 @@ struct CompressionPolicy {
   DataType wire = DataType::float32;
   void (*compress)(const float*, void*, std::size_t, float) = nullptr;
   void (*decompress)(const void*, float*, std::size_t, float) = nullptr;
+  // Optional: the compressor's one-pass fold of a received segment (Fp16Compressor::fold), which
+  // the compressed ring uses instead of decompress, an add and a round trip done in turn. A
+  // compressor without a static fold leaves it null and gets those passes.
+  void (*fold)(const void*, const float*, float*, std::size_t, int, bool) = nullptr;
 
   bool enabled() const { return compress != nullptr; }
 
@@ -112,7 +152,13 @@ struct CompressionPolicy {
     if constexpr (std::is_same_v<C, NoCompression>) {
       return {};
     } else {
-      return {C::name, C::wire_dtype, &C::compress, &C::decompress};
+      CompressionPolicy p;
+      p.name = C::name;
+      p.wire = C::wire_dtype;
+      p.compress = &C::compress;
+      p.decompress = &C::decompress;
+      if constexpr (requires { &C::fold; }) p.fold = &C::fold;
+      return p;
     }
   }
 

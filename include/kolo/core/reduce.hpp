@@ -161,6 +161,13 @@ KOLO_IMPL_INLINE void f32_to_bf16_avx2(const float* s, std::uint16_t* d, std::si
                                        float scale) noexcept;
 KOLO_IMPL_INLINE void bf16_to_f32_avx2(const std::uint16_t* s, float* d, std::size_t n,
                                        float scale) noexcept;
+// The compressed ring's fold of a received 16-bit segment, in one pass (see
+// Fp16Compressor::fold): v = float(w[i]), plus local[i] when local is set, divided by divisor when
+// it is > 1, rounded to the wire type and back when round is set; dst[i] = v.
+KOLO_IMPL_INLINE void fold_f16_f16c(const std::uint16_t* w, const float* local, float* dst,
+                                    std::size_t n, int divisor, bool round) noexcept;
+KOLO_IMPL_INLINE void fold_bf16_avx2(const std::uint16_t* w, const float* local, float* dst,
+                                     std::size_t n, int divisor, bool round) noexcept;
 
 template <class Op>
 constexpr SimdOp simd_op() noexcept {

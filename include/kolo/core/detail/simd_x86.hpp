@@ -128,6 +128,81 @@ template <SimdOp Op>
   for (; i < n; ++i) d[i] = bfloat16_bits_to_float(s[i]) * scale;
 }
 
+// The compressed ring's fold (reduce.hpp: fold_f16_f16c), one kernel per combination of its
+// flags, so the loop has no branch: each lane does what the separate passes did, in the same
+// order (widen, add, divide, round to nearest even and widen back), so the bits are the same.
+template <bool Local, bool Divide, bool Round>
+[[gnu::target("f16c,avx")]] void fold_f16(const std::uint16_t* w, const float* local, float* dst,
+                                          std::size_t n, int divisor) noexcept {
+  const float df = static_cast<float>(divisor);
+  const __m256 d = _mm256_set1_ps(df);
+  const std::size_t whole = n - n % 8;
+  std::size_t i = 0;
+  for (; i < whole; i += 8) {
+    __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
+    if constexpr (Local) v = _mm256_add_ps(_mm256_loadu_ps(local + i), v);
+    if constexpr (Divide) v = _mm256_div_ps(v, d);
+    if constexpr (Round) v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    _mm256_storeu_ps(dst + i, v);
+  }
+  for (; i < n; ++i) {
+    float v = half_bits_to_float(w[i]);
+    if constexpr (Local) v = local[i] + v;
+    if constexpr (Divide) v = v / df;
+    if constexpr (Round) v = half_bits_to_float(float_to_half_bits(v));
+    dst[i] = v;
+  }
+}
+template <bool Local, bool Divide, bool Round>
+[[gnu::target("avx2")]] void fold_bf16(const std::uint16_t* w, const float* local, float* dst,
+                                       std::size_t n, int divisor) noexcept {
+  const float df = static_cast<float>(divisor);
+  const __m256 d = _mm256_set1_ps(df);
+  const std::size_t whole = n - n % 8;
+  std::size_t i = 0;
+  for (; i < whole; i += 8) {
+    __m256 v = bf16x8_to_f32x8(w + i);
+    if constexpr (Local) v = _mm256_add_ps(_mm256_loadu_ps(local + i), v);
+    if constexpr (Divide) v = _mm256_div_ps(v, d);
+    if constexpr (Round) {
+      alignas(16) std::uint16_t r[8];
+      f32x8_to_bf16x8(v, r);
+      v = bf16x8_to_f32x8(r);
+    }
+    _mm256_storeu_ps(dst + i, v);
+  }
+  for (; i < n; ++i) {
+    float v = bfloat16_bits_to_float(w[i]);
+    if constexpr (Local) v = local[i] + v;
+    if constexpr (Divide) v = v / df;
+    if constexpr (Round) v = bfloat16_bits_to_float(float_to_bfloat16_bits(v));
+    dst[i] = v;
+  }
+}
+// Picks the kernel for the flags: f.template operator()<Local, Divide, Round>().
+template <class F>
+void with_fold_flags(bool local, bool divide, bool round, F&& f) noexcept {
+  const int k = (local ? 4 : 0) | (divide ? 2 : 0) | (round ? 1 : 0);
+  switch (k) {
+    case 0:
+      return f.template operator()<false, false, false>();
+    case 1:
+      return f.template operator()<false, false, true>();
+    case 2:
+      return f.template operator()<false, true, false>();
+    case 3:
+      return f.template operator()<false, true, true>();
+    case 4:
+      return f.template operator()<true, false, false>();
+    case 5:
+      return f.template operator()<true, false, true>();
+    case 6:
+      return f.template operator()<true, true, false>();
+    default:
+      return f.template operator()<true, true, true>();
+  }
+}
+
 // Calls f.template operator()<op>() with `op` as a template argument: one kernel per operation.
 template <class F>
 std::size_t with_simd_op(SimdOp op, F&& f) noexcept {
@@ -194,6 +269,18 @@ KOLO_IMPL_INLINE void f32_to_bf16_avx2(const float* s, std::uint16_t* d, std::si
 KOLO_IMPL_INLINE void bf16_to_f32_avx2(const std::uint16_t* s, float* d, std::size_t n,
                                        float scale) noexcept {
   simd::bf16_to_f32(s, d, n, scale);
+}
+KOLO_IMPL_INLINE void fold_f16_f16c(const std::uint16_t* w, const float* local, float* dst,
+                                    std::size_t n, int divisor, bool round) noexcept {
+  simd::with_fold_flags(local != nullptr, divisor > 1, round, [&]<bool L, bool D, bool R>() {
+    simd::fold_f16<L, D, R>(w, local, dst, n, divisor);
+  });
+}
+KOLO_IMPL_INLINE void fold_bf16_avx2(const std::uint16_t* w, const float* local, float* dst,
+                                     std::size_t n, int divisor, bool round) noexcept {
+  simd::with_fold_flags(local != nullptr, divisor > 1, round, [&]<bool L, bool D, bool R>() {
+    simd::fold_bf16<L, D, R>(w, local, dst, n, divisor);
+  });
 }
 
 }  // namespace kolo::detail
