@@ -83,14 +83,8 @@ struct Fp16Compressor {
 #ifdef KOLO_HAVE_F16C_DISPATCH
     if (detail::cpu_has_f16c()) return detail::fold_f16_f16c(in, local, dst, n, divisor, round);
 #endif
-    const float df = static_cast<float>(divisor);
-    for (std::size_t i = 0; i < n; ++i) {
-      float v = detail::half_bits_to_float(in[i]);
-      if (local) v = local[i] + v;
-      if (divisor > 1) v = v / df;
-      if (round) v = detail::half_bits_to_float(detail::float_to_half_bits(v));
-      dst[i] = v;
-    }
+    detail::fold_scalar<detail::half_bits_to_float, detail::float_to_half_bits>(in, local, dst, n,
+                                                                                divisor, round);
   }
 };
 
@@ -120,14 +114,8 @@ struct Bf16Compressor {
 #ifdef KOLO_HAVE_F16C_DISPATCH
     if (detail::cpu_has_avx2()) return detail::fold_bf16_avx2(in, local, dst, n, divisor, round);
 #endif
-    const float df = static_cast<float>(divisor);
-    for (std::size_t i = 0; i < n; ++i) {
-      float v = detail::bfloat16_bits_to_float(in[i]);
-      if (local) v = local[i] + v;
-      if (divisor > 1) v = v / df;
-      if (round) v = detail::bfloat16_bits_to_float(detail::float_to_bfloat16_bits(v));
-      dst[i] = v;
-    }
+    detail::fold_scalar<detail::bfloat16_bits_to_float, detail::float_to_bfloat16_bits>(
+        in, local, dst, n, divisor, round);
   }
 };
 

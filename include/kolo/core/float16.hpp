@@ -6,6 +6,7 @@
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -80,6 +81,21 @@ inline std::uint16_t float_to_bfloat16_bits(float f) noexcept {
 
 inline float bfloat16_bits_to_float(std::uint16_t b) noexcept {
   return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+}
+
+// The compressed ring's fold (Fp16Compressor::fold) element by element, for a 16-bit wire type
+// given by its two conversions: the scalar path and the vector kernels' tails.
+template <float (*Widen)(std::uint16_t) noexcept, std::uint16_t (*Narrow)(float) noexcept>
+inline void fold_scalar(const std::uint16_t* w, const float* local, float* dst, std::size_t n,
+                        int divisor, bool round) noexcept {
+  const float df = static_cast<float>(divisor);
+  for (std::size_t i = 0; i < n; ++i) {
+    float v = Widen(w[i]);
+    if (local) v = local[i] + v;
+    if (divisor > 1) v = v / df;
+    if (round) v = Widen(Narrow(v));
+    dst[i] = v;
+  }
 }
 
 }  // namespace detail

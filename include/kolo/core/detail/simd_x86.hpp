@@ -131,6 +131,8 @@ template <SimdOp Op>
 // The compressed ring's fold (reduce.hpp: fold_f16_f16c), one kernel per combination of its
 // flags, so the loop has no branch: each lane does what the separate passes did, in the same
 // order (widen, add, divide, round to nearest even and widen back), so the bits are the same.
+// The two kernels differ only in their conversions, which need different instruction sets
+// (F16C, AVX2): a shared template would have to require both. The tail is fold_scalar.
 template <bool Local, bool Divide, bool Round>
 [[gnu::target("f16c,avx")]] void fold_f16(const std::uint16_t* w, const float* local, float* dst,
                                           std::size_t n, int divisor) noexcept {
@@ -145,13 +147,8 @@ template <bool Local, bool Divide, bool Round>
     if constexpr (Round) v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
     _mm256_storeu_ps(dst + i, v);
   }
-  for (; i < n; ++i) {
-    float v = half_bits_to_float(w[i]);
-    if constexpr (Local) v = local[i] + v;
-    if constexpr (Divide) v = v / df;
-    if constexpr (Round) v = half_bits_to_float(float_to_half_bits(v));
-    dst[i] = v;
-  }
+  fold_scalar<half_bits_to_float, float_to_half_bits>(w + i, Local ? local + i : nullptr, dst + i,
+                                                      n - i, divisor, Round);
 }
 template <bool Local, bool Divide, bool Round>
 [[gnu::target("avx2")]] void fold_bf16(const std::uint16_t* w, const float* local, float* dst,
@@ -171,13 +168,8 @@ template <bool Local, bool Divide, bool Round>
     }
     _mm256_storeu_ps(dst + i, v);
   }
-  for (; i < n; ++i) {
-    float v = bfloat16_bits_to_float(w[i]);
-    if constexpr (Local) v = local[i] + v;
-    if constexpr (Divide) v = v / df;
-    if constexpr (Round) v = bfloat16_bits_to_float(float_to_bfloat16_bits(v));
-    dst[i] = v;
-  }
+  fold_scalar<bfloat16_bits_to_float, float_to_bfloat16_bits>(w + i, Local ? local + i : nullptr,
+                                                              dst + i, n - i, divisor, Round);
 }
 // Picks the kernel for the flags: f.template operator()<Local, Divide, Round>().
 template <class F>
