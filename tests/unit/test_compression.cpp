@@ -10,6 +10,7 @@
 //            |q(x) - x| <= 2^-134 (half the spacing 2^-133); |x| >= (2 - 2^-8)·2^127: ±Inf.
 //   Both: NaN stays NaN with its sign; decompression is exact (every 16-bit value is a float).
 #include <doctest/doctest.h>
+#include <algorithm>
 
 #include <bit>
 #include <cmath>
@@ -312,11 +313,21 @@ TEST_CASE("compression: fold (the ring's one-pass step) equals the separate pass
           const float* l = with_local ? local.data() : nullptr;
           const auto want = composed_fold(c, w, l, divisor, round);
           std::vector<float> got(n);
-          c.fold(w.data(), l, got.data(), n, divisor, round);
-          // In place (dst = local), as the ring runs when the output is the input.
+          c.fold(w.data(), l, got.data(), n, divisor, round, nullptr);
+          // In place (dst = local), as the ring runs when the output is the input; with the
+          // wire values written out too where it rounds (the ring's finishing stage).
           in_place = local;
+          std::vector<std::uint16_t> wire(n, 0x5a5a);
           c.fold(w.data(), with_local ? in_place.data() : nullptr, in_place.data(), n, divisor,
-                 round);
+                 round, round ? wire.data() : nullptr);
+          if (round) {  // what the ring's next send compressed from dst before: the same bits
+            std::vector<std::uint16_t> sent(n);
+            c.compress(in_place.data(), sent.data(), n, 1.0f);
+            CHECK(wire == sent);
+          } else {
+            CHECK(
+                std::all_of(wire.begin(), wire.end(), [](std::uint16_t x) { return x == 0x5a5a; }));
+          }
           std::size_t differ = 0;
           for (std::size_t i = 0; i < n; ++i) {
             const bool same = same_value(got[i], want[i]) && same_value(in_place[i], want[i]);

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <utility>
 #include <vector>
 
 #include "kolo/algorithm/options.hpp"
@@ -45,6 +46,13 @@ namespace kolo {
 // with 16 slots (8 MiB of slots, out of cache) were 20-30 % slower.
 inline constexpr std::size_t kWireSegmentBytes = 64 * 1024;
 inline constexpr std::size_t kWireWindow = 4;
+// How many segments a stage of a wire ring starts after the stage before it (WireRingRun's
+// message order), and how many finished segments' wire values it keeps for their next send.
+// Measured (64 MiB over TCP loopback, N = 2, fp16): lags of 2 to 8 within noise of each other;
+// at lag 4, 8 finished slots served every send at N = 2 and all but a few at N = 4, 4 slots
+// missed up to 32 of 256; 12 leaves room.
+inline constexpr std::size_t kStageLag = 4;
+inline constexpr std::size_t kWireFinSlots = 12;
 
 // One stage of a ring whose messages travel in a 16-bit wire type, in float32 elements: send
 // `send_count` elements from `send` to the right neighbour, receive `recv_count` from the left
@@ -69,18 +77,21 @@ class WireSlots {
       throw ConfigError("allreduce over a wire type: no compression given");
     }
     // Segment: the pipelining unit in wire bytes, at most kWireSegmentBytes so that the staging
-    // slots stay in the L2 cache (about 0.6 MiB in all); the messages are that size.
+    // slots stay in the cache (about 1.4 MiB in all, with the finished slots); the messages are
+    // that size.
     seg = segment(opt, wes_);
     seg_w = seg * wes_;
     rwin = std::clamp<std::size_t>(opt.recv_window, 1, kWireWindow);
     swin = kWireWindow;
     const std::size_t need = bytes(opt, wes_);
     if (scratch.size() < (region + 1) * need) scratch.resize((region + 1) * need);
-    // Layout: [send slots][recv slots][wire temp][float32 temp].
+    fin = c.fold != nullptr ? kWireFinSlots : 0;
+    // Layout: [send slots][recv slots][wire temp][float32 temp][finished slots].
     send_slots = scratch.data() + region * need;
     recv_slots = send_slots + swin * seg_w;
     wire_tmp = recv_slots + rwin * seg_w;
     f32_tmp = reinterpret_cast<float*>(wire_tmp + seg_w);
+    fin_slots = wire_tmp + seg_w + seg * sizeof(float);
   }
 
   // Grows `scratch` to hold `regions` regions at once.
@@ -103,10 +114,12 @@ class WireSlots {
   const CompressionPolicy& policy() const { return c_; }
 
   std::size_t seg = 0, seg_w = 0, rwin = 0, swin = 0;  // elements, wire bytes, slots each way
+  std::size_t fin = 0;  // finished slots: wire values a fold wrote for the next stage's send
   std::byte* send_slots = nullptr;
   std::byte* recv_slots = nullptr;
   std::byte* wire_tmp = nullptr;
   float* f32_tmp = nullptr;
+  std::byte* fin_slots = nullptr;
 
  private:
   static std::size_t segment(const AlgoOptions& opt, std::size_t wes) {
@@ -116,7 +129,8 @@ class WireSlots {
     const std::size_t seg = segment(opt, std::max<std::size_t>(wes, 1));
     const std::size_t rwin = std::clamp<std::size_t>(opt.recv_window, 1, kWireWindow);
     const std::size_t align = alignof(std::max_align_t);
-    const std::size_t raw = (kWireWindow + rwin + 1) * seg * wes + seg * sizeof(float);
+    const std::size_t raw =
+        (kWireWindow + rwin + 1 + kWireFinSlots) * seg * wes + seg * sizeof(float);
     return (raw + align - 1) / align * align;
   }
 
@@ -131,9 +145,12 @@ inline constexpr std::size_t kNoFinish = static_cast<std::size_t>(-1);
 // every block cut into segments and pipelined: a segment is converted into a send slot just
 // before it is sent, and a received one is widened (and folded) into place while it is in cache.
 // Segment j of stage s is sent once segment j of stage s-1 has landed, so a stage's send block
-// must be the block the stage before received (stage 0's is ready before the call). The pieces
-// of stage `finish_stage` (none: kNoFinish) are finished as they land: divided by `divisor`
-// (when > 1), then rounded to the wire type and back.
+// must be the block the stage before received (stage 0's is ready before the call); the stages
+// run interleaved, each kStageLag segments behind the one before (message_order). The pieces of
+// stage `finish_stage` (none: kNoFinish) are finished as they land: divided by `divisor` (when
+// > 1), then rounded to the wire type and back; where the compressor has a fold, the same pass
+// leaves their wire values in a finished slot, and the next stage sends them from there without
+// compressing the block again.
 //
 // As an object: progress() does whatever needs no waiting and says whether the ring is done, so
 // that rings on disjoint peers can progress in one loop (the pipelined hierarchical allreduce);
@@ -154,12 +171,24 @@ class WireRingRun {
     for (std::size_t s = 0; s < stages_.size(); ++s) {
       recv_off_[s + 1] = recv_off_[s] + segs(stages_[s].recv_count);
     }
+    send_order_ = message_order([&](std::size_t s) { return stages_[s].send_count; });
+    recv_order_ = message_order([&](std::size_t s) { return stages_[s].recv_count; });
+    recv_pos_.resize(recv_order_.size());
+    for (std::size_t p = 0; p < recv_order_.size(); ++p) {
+      recv_pos_[recv_off_[recv_order_[p].stage] + recv_order_[p].seg] = p;
+    }
+    // The finishing stage's fold can hand its wire values to the next stage's send when that
+    // stage sends the block it received.
+    if (ws_.fin > 0 && finish_stage_ < stages_.size() && finish_stage_ + 1 < stages_.size() &&
+        stages_[finish_stage_ + 1].send == stages_[finish_stage_].recv) {
+      for (std::size_t i = 0; i < ws_.fin; ++i) fin_free_.push_back(i);
+    }
   }
 
   bool progress() {
     const std::size_t nst = stages_.size();
     if (t_.size() == 1 || nst == 0) return true;
-    const std::size_t recv_total = recv_off_[nst];
+    const std::size_t recv_total = recv_order_.size(), send_total = send_order_.size();
     const CompressionPolicy& c = ws_.policy();
     const std::size_t seg = ws_.seg, seg_w = ws_.seg_w, wes = ws_.wire_size();
     // Retire receives in posting order (the transport completes them in that order).
@@ -168,39 +197,74 @@ class WireRingRun {
       recvs_.pop_front();
       ++recv_done_;
     }
-    while (!sends_.empty() && t_.done(sends_.front().req)) sends_.pop_front();
+    while (!sends_.empty() && t_.done(sends_.front().req)) {
+      if (sends_.front().slot != kNoSlot) fin_free_.push_back(sends_.front().slot);
+      sends_.pop_front();
+    }
     while (recv_posted_ < recv_total && recv_posted_ - recv_done_ < ws_.rwin) {
-      while (recv_off_[recv_stage_ + 1] <= recv_posted_) ++recv_stage_;
-      const std::size_t j = recv_posted_ - recv_off_[recv_stage_];
+      const Msg m = recv_order_[recv_posted_];
       const std::size_t slot = recv_posted_ % ws_.rwin;
-      const std::size_t len = piece(stages_[recv_stage_].recv_count, j);
-      recvs_.push_back({recv_stage_, j, slot,
+      const std::size_t len = piece(stages_[m.stage].recv_count, m.seg);
+      recvs_.push_back({m.stage, m.seg, slot,
                         t_.irecv(left_, ws_.recv_slots + slot * seg_w, len * wes, opt_.sig)});
       ++recv_posted_;
     }
-    // Post the sends whose data is ready (stage 0 at once; stage t segment j once stage t-1
-    // segment j has landed) while a staging slot is free.
-    while (send_stage_ < nst && sends_.size() < ws_.swin) {
-      if (send_stage_ > 0 && recv_off_[send_stage_ - 1] + send_seg_ >= recv_done_) break;
-      const WireStage& st = stages_[send_stage_];
-      const std::size_t len = piece(st.send_count, send_seg_);
+    // Post the sends in their order while their data is ready (stage 0 at once; stage s segment
+    // j once stage s-1 segment j has landed) and a staging slot is free.
+    while (send_posted_ < send_total && sends_.size() < ws_.swin) {
+      const Msg m = send_order_[send_posted_];
+      if (m.stage > 0 && recv_pos_[recv_off_[m.stage - 1] + m.seg] >= recv_done_) break;
+      const WireStage& st = stages_[m.stage];
+      const std::size_t len = piece(st.send_count, m.seg);
       std::byte* slot = ws_.send_slots + (send_posted_ % ws_.swin) * seg_w;
-      if (len > 0) c.compress(st.send + send_seg_ * seg, slot, len, 1.0f);
-      sends_.push_back({send_stage_, send_seg_, 0, t_.isend(right_, slot, len * wes, opt_.sig)});
-      ++send_posted_;
-      if (++send_seg_ == segs(st.send_count)) {
-        send_seg_ = 0;
-        ++send_stage_;
+      std::size_t fin = kNoSlot;
+      if (!fin_ready_.empty() && m.stage == finish_stage_ + 1 &&
+          fin_ready_.front().seg == m.seg) {  // the fold wrote this segment's wire values
+        fin = fin_ready_.front().slot;
+        fin_ready_.pop_front();
+        slot = ws_.fin_slots + fin * seg_w;
+      } else if (len > 0) {
+        c.compress(st.send + m.seg * seg, slot, len, 1.0f);
       }
+      sends_.push_back({m.stage, m.seg, fin, t_.isend(right_, slot, len * wes, opt_.sig)});
+      ++send_posted_;
     }
-    return recv_done_ == recv_total && send_stage_ == nst && sends_.empty();
+    return recv_done_ == recv_total && send_posted_ == send_total && sends_.empty();
   }
 
  private:
+  static constexpr std::size_t kNoSlot = static_cast<std::size_t>(-1);
   struct Pending {
-    std::size_t stage, seg, slot;
+    std::size_t stage, seg;
+    std::size_t slot;  // receives: the recv slot; sends: the finished slot sent, or kNoSlot
     TransportRef::Request req;
   };
+  struct Msg {
+    std::size_t stage, seg;
+  };
+  // The order in which the messages of the stages travel one way, given each stage's element
+  // count: segment j of stage s at the key s * kStageLag + j, ties (segments of different stages
+  // with the same key) in the order of their stages. A stage therefore starts kStageLag segments
+  // after the stage before it started and runs interleaved with it, instead of after it: the
+  // block a stage sends is the block the stage before received a few segments earlier, still in
+  // cache, not one whole block earlier. The sender computes this order from its send counts, the
+  // receiver from its receive counts, which are the same numbers (stage s moves the same block on
+  // both sides of a link), so both walk the same sequence. A segment's key exceeds the key of
+  // the segment it depends on (stage s-1, segment j) by kStageLag, so every rank can always send
+  // its next message once its left neighbour has sent the ones of smaller keys: no deadlock.
+  template <class Count>
+  std::vector<Msg> message_order(Count count) const {
+    std::vector<std::pair<std::size_t, Msg>> keyed;
+    for (std::size_t s = 0; s < stages_.size(); ++s) {
+      const std::size_t k = segs(count(s));
+      for (std::size_t j = 0; j < k; ++j) keyed.push_back({s * kStageLag + j, Msg{s, j}});
+    }
+    std::stable_sort(keyed.begin(), keyed.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<Msg> order(keyed.size());
+    for (std::size_t i = 0; i < keyed.size(); ++i) order[i] = keyed[i].second;
+    return order;
+  }
   std::size_t segs(std::size_t elems) const {
     return elems == 0 ? std::size_t{1} : (elems + ws_.seg - 1) / ws_.seg;
   }
@@ -220,8 +284,16 @@ class WireRingRun {
     float* dst = st.recv + off;
     const bool finish = p.stage == finish_stage_;
     if (c.fold != nullptr) {  // the same steps in one pass over the segment
+      // A finished segment's wire values go to a free finished slot, from which the next stage
+      // sends them (progress()); with none free, that send compresses the segment again.
+      std::byte* wire = nullptr;
+      if (finish && !fin_free_.empty()) {
+        fin_ready_.push_back({p.seg, fin_free_.back()});
+        fin_free_.pop_back();
+        wire = ws_.fin_slots + fin_ready_.back().slot * ws_.seg_w;
+      }
       c.fold(w, st.local != nullptr ? st.local + off : nullptr, dst, len, finish ? divisor_ : 1,
-             finish);
+             finish, wire);
       return;
     }
     if (st.local != nullptr) {
@@ -245,10 +317,16 @@ class WireRingRun {
   const WireSlots& ws_;
   int right_, left_;
   ReduceFn add_ = reduce_function(DataType::float32, ReduceOp::sum);
-  std::vector<std::size_t> recv_off_;
+  std::vector<std::size_t> recv_off_;  // per stage: its first segment's index in recv_pos_
+  std::vector<Msg> send_order_, recv_order_;
+  std::vector<std::size_t> recv_pos_;  // (stage, segment) -> its position in recv_order_
   std::deque<Pending> recvs_, sends_;
   std::size_t recv_posted_ = 0, recv_done_ = 0, send_posted_ = 0;
-  std::size_t send_stage_ = 0, send_seg_ = 0, recv_stage_ = 0;
+  struct Finished {
+    std::size_t seg, slot;
+  };
+  std::deque<Finished> fin_ready_;  // finishing stage's segments whose wire values wait, in order
+  std::vector<std::size_t> fin_free_;  // finished slots not in use
 };
 
 // Runs the stages to the end (WireRingRun, waiting for the transport between steps).
@@ -260,7 +338,7 @@ inline void run_ring_wire(TransportRef t, const std::vector<WireStage>& stages,
 }
 
 // in/out: `count` float32 elements (may be the same buffer). `ws`: the wire conversion and its
-// staging slots (WireSlots over a scratch vector, 2 · kWireWindow + 3 segments). Each block's
+// staging slots (WireSlots over a scratch vector). Each block's
 // owner divides its finished block by `divisor` (when > 1; the rank count for ReduceOp::average,
 // or the size of a larger group this ring is part of) before rounding it.
 inline void allreduce_ring_wire_divided(TransportRef t, const float* in, float* out,

@@ -76,15 +76,19 @@ struct Fp16Compressor {
   // float(w[i]), plus local[i] when local is not null, divided by divisor when it is > 1, rounded
   // to float16 and back when round is set; dst[i] = v. The same bits as decompress, an fp32 add,
   // the division and a compress/decompress round trip done one after the other. dst may be
-  // local (in place).
+  // local (in place). When round is set and `wire` is not null, the rounded values are also
+  // stored there in the wire type (n values): what compress(dst) would give, without its pass.
   static void fold(const void* w, const float* local, float* dst, std::size_t n, int divisor,
-                   bool round) {
+                   bool round, void* wire) {
     const auto* in = static_cast<const std::uint16_t*>(w);
+    auto* out = static_cast<std::uint16_t*>(wire);
 #ifdef KOLO_HAVE_F16C_DISPATCH
-    if (detail::cpu_has_f16c()) return detail::fold_f16_f16c(in, local, dst, n, divisor, round);
+    if (detail::cpu_has_f16c()) {
+      return detail::fold_f16_f16c(in, local, dst, n, divisor, round, out);
+    }
 #endif
-    detail::fold_scalar<detail::half_bits_to_float, detail::float_to_half_bits>(in, local, dst, n,
-                                                                                divisor, round);
+    detail::fold_scalar<detail::half_bits_to_float, detail::float_to_half_bits>(
+        in, local, dst, n, divisor, round, out);
   }
 };
 
@@ -109,13 +113,16 @@ struct Bf16Compressor {
   }
   // As Fp16Compressor::fold, rounding to bfloat16.
   static void fold(const void* w, const float* local, float* dst, std::size_t n, int divisor,
-                   bool round) {
+                   bool round, void* wire) {
     const auto* in = static_cast<const std::uint16_t*>(w);
+    auto* out = static_cast<std::uint16_t*>(wire);
 #ifdef KOLO_HAVE_F16C_DISPATCH
-    if (detail::cpu_has_avx2()) return detail::fold_bf16_avx2(in, local, dst, n, divisor, round);
+    if (detail::cpu_has_avx2()) {
+      return detail::fold_bf16_avx2(in, local, dst, n, divisor, round, out);
+    }
 #endif
     detail::fold_scalar<detail::bfloat16_bits_to_float, detail::float_to_bfloat16_bits>(
-        in, local, dst, n, divisor, round);
+        in, local, dst, n, divisor, round, out);
   }
 };
 
@@ -129,9 +136,10 @@ struct CompressionPolicy {
   void (*compress)(const float*, void*, std::size_t, float) = nullptr;
   void (*decompress)(const void*, float*, std::size_t, float) = nullptr;
   // Optional: the compressor's one-pass fold of a received segment (Fp16Compressor::fold), which
-  // the compressed ring uses instead of decompress, an add and a round trip done in turn. A
-  // compressor without a static fold leaves it null and gets those passes.
-  void (*fold)(const void*, const float*, float*, std::size_t, int, bool) = nullptr;
+  // the compressed ring uses instead of decompress, an add and a round trip done in turn (and
+  // instead of compressing a finished segment again before sending it on). A compressor without
+  // a static fold leaves it null and gets those passes.
+  void (*fold)(const void*, const float*, float*, std::size_t, int, bool, void*) = nullptr;
 
   bool enabled() const { return compress != nullptr; }
 

@@ -87,13 +87,17 @@ inline float bfloat16_bits_to_float(std::uint16_t b) noexcept {
 // given by its two conversions: the scalar path and the vector kernels' tails.
 template <float (*Widen)(std::uint16_t) noexcept, std::uint16_t (*Narrow)(float) noexcept>
 inline void fold_scalar(const std::uint16_t* w, const float* local, float* dst, std::size_t n,
-                        int divisor, bool round) noexcept {
+                        int divisor, bool round, std::uint16_t* wire = nullptr) noexcept {
   const float df = static_cast<float>(divisor);
   for (std::size_t i = 0; i < n; ++i) {
     float v = Widen(w[i]);
     if (local) v = local[i] + v;
     if (divisor > 1) v = v / df;
-    if (round) v = Widen(Narrow(v));
+    if (round) {
+      const std::uint16_t h = Narrow(v);
+      if (wire) wire[i] = h;
+      v = Widen(h);
+    }
     dst[i] = v;
   }
 }

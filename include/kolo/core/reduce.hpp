@@ -163,11 +163,14 @@ KOLO_IMPL_INLINE void bf16_to_f32_avx2(const std::uint16_t* s, float* d, std::si
                                        float scale) noexcept;
 // The compressed ring's fold of a received 16-bit segment, in one pass (see
 // Fp16Compressor::fold): v = float(w[i]), plus local[i] when local is set, divided by divisor when
-// it is > 1, rounded to the wire type and back when round is set; dst[i] = v.
+// it is > 1, rounded to the wire type and back when round is set (and the wire value stored to
+// wire[i] when wire is not null); dst[i] = v.
 KOLO_IMPL_INLINE void fold_f16_f16c(const std::uint16_t* w, const float* local, float* dst,
-                                    std::size_t n, int divisor, bool round) noexcept;
+                                    std::size_t n, int divisor, bool round,
+                                    std::uint16_t* wire) noexcept;
 KOLO_IMPL_INLINE void fold_bf16_avx2(const std::uint16_t* w, const float* local, float* dst,
-                                     std::size_t n, int divisor, bool round) noexcept;
+                                     std::size_t n, int divisor, bool round,
+                                     std::uint16_t* wire) noexcept;
 
 template <class Op>
 constexpr SimdOp simd_op() noexcept {

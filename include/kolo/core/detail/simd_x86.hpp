@@ -130,12 +130,14 @@ template <SimdOp Op>
 
 // The compressed ring's fold (reduce.hpp: fold_f16_f16c), one kernel per combination of its
 // flags, so the loop has no branch: each lane does what the separate passes did, in the same
-// order (widen, add, divide, round to nearest even and widen back), so the bits are the same.
-// The two kernels differ only in their conversions, which need different instruction sets
-// (F16C, AVX2): a shared template would have to require both. The tail is fold_scalar.
-template <bool Local, bool Divide, bool Round>
+// order (widen, add, divide, round to nearest even and widen back), so the bits are the same;
+// with Wire, the rounded lanes' wire values are stored to `wire` too. The two kernels differ
+// only in their conversions, which need different instruction sets (F16C, AVX2): a shared
+// template would have to require both. The tail is fold_scalar.
+template <bool Local, bool Divide, bool Round, bool Wire>
 [[gnu::target("f16c,avx")]] void fold_f16(const std::uint16_t* w, const float* local, float* dst,
-                                          std::size_t n, int divisor) noexcept {
+                                          std::size_t n, int divisor,
+                                          std::uint16_t* wire) noexcept {
   const float df = static_cast<float>(divisor);
   const __m256 d = _mm256_set1_ps(df);
   const std::size_t whole = n - n % 8;
@@ -144,15 +146,20 @@ template <bool Local, bool Divide, bool Round>
     __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
     if constexpr (Local) v = _mm256_add_ps(_mm256_loadu_ps(local + i), v);
     if constexpr (Divide) v = _mm256_div_ps(v, d);
-    if constexpr (Round) v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    if constexpr (Round) {
+      const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+      if constexpr (Wire) _mm_storeu_si128(reinterpret_cast<__m128i*>(wire + i), h);
+      v = _mm256_cvtph_ps(h);
+    }
     _mm256_storeu_ps(dst + i, v);
   }
   fold_scalar<half_bits_to_float, float_to_half_bits>(w + i, Local ? local + i : nullptr, dst + i,
-                                                      n - i, divisor, Round);
+                                                      n - i, divisor, Round,
+                                                      Round && Wire ? wire + i : nullptr);
 }
-template <bool Local, bool Divide, bool Round>
+template <bool Local, bool Divide, bool Round, bool Wire>
 [[gnu::target("avx2")]] void fold_bf16(const std::uint16_t* w, const float* local, float* dst,
-                                       std::size_t n, int divisor) noexcept {
+                                       std::size_t n, int divisor, std::uint16_t* wire) noexcept {
   const float df = static_cast<float>(divisor);
   const __m256 d = _mm256_set1_ps(df);
   const std::size_t whole = n - n % 8;
@@ -162,37 +169,27 @@ template <bool Local, bool Divide, bool Round>
     if constexpr (Local) v = _mm256_add_ps(_mm256_loadu_ps(local + i), v);
     if constexpr (Divide) v = _mm256_div_ps(v, d);
     if constexpr (Round) {
-      alignas(16) std::uint16_t r[8];
+      alignas(16) std::uint16_t tmp[8];
+      std::uint16_t* r = Wire ? wire + i : tmp;
       f32x8_to_bf16x8(v, r);
       v = bf16x8_to_f32x8(r);
     }
     _mm256_storeu_ps(dst + i, v);
   }
   fold_scalar<bfloat16_bits_to_float, float_to_bfloat16_bits>(w + i, Local ? local + i : nullptr,
-                                                              dst + i, n - i, divisor, Round);
+                                                              dst + i, n - i, divisor, Round,
+                                                              Round && Wire ? wire + i : nullptr);
 }
-// Picks the kernel for the flags: f.template operator()<Local, Divide, Round>().
-template <class F>
-void with_fold_flags(bool local, bool divide, bool round, F&& f) noexcept {
-  const int k = (local ? 4 : 0) | (divide ? 2 : 0) | (round ? 1 : 0);
-  switch (k) {
-    case 0:
-      return f.template operator()<false, false, false>();
-    case 1:
-      return f.template operator()<false, false, true>();
-    case 2:
-      return f.template operator()<false, true, false>();
-    case 3:
-      return f.template operator()<false, true, true>();
-    case 4:
-      return f.template operator()<true, false, false>();
-    case 5:
-      return f.template operator()<true, false, true>();
-    case 6:
-      return f.template operator()<true, true, false>();
-    default:
-      return f.template operator()<true, true, true>();
-  }
+// Calls f.template operator()<B...>() with each of the flags as a template argument (the fold
+// kernels: one per combination).
+template <bool... Fixed, class F>
+void with_bools(F&& f) noexcept {
+  f.template operator()<Fixed...>();
+}
+template <bool... Fixed, class F, class... Rest>
+void with_bools(F&& f, bool b, Rest... rest) noexcept {
+  if (b) return with_bools<Fixed..., true>(f, rest...);
+  return with_bools<Fixed..., false>(f, rest...);
 }
 
 // Calls f.template operator()<op>() with `op` as a template argument: one kernel per operation.
@@ -263,16 +260,22 @@ KOLO_IMPL_INLINE void bf16_to_f32_avx2(const std::uint16_t* s, float* d, std::si
   simd::bf16_to_f32(s, d, n, scale);
 }
 KOLO_IMPL_INLINE void fold_f16_f16c(const std::uint16_t* w, const float* local, float* dst,
-                                    std::size_t n, int divisor, bool round) noexcept {
-  simd::with_fold_flags(local != nullptr, divisor > 1, round, [&]<bool L, bool D, bool R>() {
-    simd::fold_f16<L, D, R>(w, local, dst, n, divisor);
-  });
+                                    std::size_t n, int divisor, bool round,
+                                    std::uint16_t* wire) noexcept {
+  simd::with_bools(
+      [&]<bool L, bool D, bool R, bool W>() {
+        simd::fold_f16<L, D, R, W>(w, local, dst, n, divisor, wire);
+      },
+      local != nullptr, divisor > 1, round, round && wire != nullptr);
 }
 KOLO_IMPL_INLINE void fold_bf16_avx2(const std::uint16_t* w, const float* local, float* dst,
-                                     std::size_t n, int divisor, bool round) noexcept {
-  simd::with_fold_flags(local != nullptr, divisor > 1, round, [&]<bool L, bool D, bool R>() {
-    simd::fold_bf16<L, D, R>(w, local, dst, n, divisor);
-  });
+                                     std::size_t n, int divisor, bool round,
+                                     std::uint16_t* wire) noexcept {
+  simd::with_bools(
+      [&]<bool L, bool D, bool R, bool W>() {
+        simd::fold_bf16<L, D, R, W>(w, local, dst, n, divisor, wire);
+      },
+      local != nullptr, divisor > 1, round, round && wire != nullptr);
 }
 
 }  // namespace kolo::detail
