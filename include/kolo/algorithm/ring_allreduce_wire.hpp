@@ -46,11 +46,10 @@ namespace kolo {
 // with 16 slots (8 MiB of slots, out of cache) were 20-30 % slower.
 inline constexpr std::size_t kWireSegmentBytes = 64 * 1024;
 inline constexpr std::size_t kWireWindow = 4;
-// How many segments a stage of a wire ring starts after the stage before it (WireRingRun's
-// message order), and how many finished segments' wire values it keeps for their next send.
+// How many segments the stage after a wire ring's finishing stage starts after it (WireRingRun's
+// message order), and how many finished segments' wire values the ring keeps for that stage.
 // Measured (64 MiB over TCP loopback, N = 2, fp16): lags of 2 to 8 within noise of each other;
-// at lag 4, 8 finished slots served every send at N = 2 and all but a few at N = 4, 4 slots
-// missed up to 32 of 256; 12 leaves room.
+// at lag 4, 8 finished slots served every send, 4 missed up to 32 of 256; 12 leave room.
 inline constexpr std::size_t kStageLag = 4;
 inline constexpr std::size_t kWireFinSlots = 12;
 
@@ -145,12 +144,11 @@ inline constexpr std::size_t kNoFinish = static_cast<std::size_t>(-1);
 // every block cut into segments and pipelined: a segment is converted into a send slot just
 // before it is sent, and a received one is widened (and folded) into place while it is in cache.
 // Segment j of stage s is sent once segment j of stage s-1 has landed, so a stage's send block
-// must be the block the stage before received (stage 0's is ready before the call); the stages
-// run interleaved, each kStageLag segments behind the one before (message_order). The pieces of
+// must be the block the stage before received (stage 0's is ready before the call). The pieces of
 // stage `finish_stage` (none: kNoFinish) are finished as they land: divided by `divisor` (when
 // > 1), then rounded to the wire type and back; where the compressor has a fold, the same pass
-// leaves their wire values in a finished slot, and the next stage sends them from there without
-// compressing the block again.
+// leaves their wire values in a finished slot, and the next stage, which runs interleaved with the
+// finishing one (message_order), sends them from there without compressing the block again.
 //
 // As an object: progress() does whatever needs no waiting and says whether the ring is done, so
 // that rings on disjoint peers can progress in one loop (the pipelined hierarchical allreduce);
@@ -171,17 +169,20 @@ class WireRingRun {
     for (std::size_t s = 0; s < stages_.size(); ++s) {
       recv_off_[s + 1] = recv_off_[s] + segs(stages_[s].recv_count);
     }
-    send_order_ = message_order([&](std::size_t s) { return stages_[s].send_count; });
-    recv_order_ = message_order([&](std::size_t s) { return stages_[s].recv_count; });
+    // The finishing stage's fold can hand its wire values to the next stage's send when that
+    // stage sends the block it received.
+    const bool hand_on = ws_.fin > 0 && finish_stage_ < stages_.size() &&
+                         finish_stage_ + 1 < stages_.size() &&
+                         stages_[finish_stage_ + 1].send == stages_[finish_stage_].recv;
+    if (hand_on) {
+      for (std::size_t i = 0; i < ws_.fin; ++i) fin_free_.push_back(i);
+    }
+    const std::size_t overlap = hand_on ? finish_stage_ : kNoFinish;
+    send_order_ = message_order([&](std::size_t s) { return stages_[s].send_count; }, overlap);
+    recv_order_ = message_order([&](std::size_t s) { return stages_[s].recv_count; }, overlap);
     recv_pos_.resize(recv_order_.size());
     for (std::size_t p = 0; p < recv_order_.size(); ++p) {
       recv_pos_[recv_off_[recv_order_[p].stage] + recv_order_[p].seg] = p;
-    }
-    // The finishing stage's fold can hand its wire values to the next stage's send when that
-    // stage sends the block it received.
-    if (ws_.fin > 0 && finish_stage_ < stages_.size() && finish_stage_ + 1 < stages_.size() &&
-        stages_[finish_stage_ + 1].send == stages_[finish_stage_].recv) {
-      for (std::size_t i = 0; i < ws_.fin; ++i) fin_free_.push_back(i);
     }
   }
 
@@ -243,21 +244,33 @@ class WireRingRun {
     std::size_t stage, seg;
   };
   // The order in which the messages of the stages travel one way, given each stage's element
-  // count: segment j of stage s at the key s * kStageLag + j, ties (segments of different stages
-  // with the same key) in the order of their stages. A stage therefore starts kStageLag segments
-  // after the stage before it started and runs interleaved with it, instead of after it: the
-  // block a stage sends is the block the stage before received a few segments earlier, still in
-  // cache, not one whole block earlier. The sender computes this order from its send counts, the
-  // receiver from its receive counts, which are the same numbers (stage s moves the same block on
-  // both sides of a link), so both walk the same sequence. A segment's key exceeds the key of
-  // the segment it depends on (stage s-1, segment j) by kStageLag, so every rank can always send
-  // its next message once its left neighbour has sent the ones of smaller keys: no deadlock.
+  // count: stage by stage, segment by segment, except that stage `overlap` + 1 starts kStageLag
+  // segments after stage `overlap` started and runs interleaved with it (kNoFinish: none). That
+  // is the finishing stage and the one that sends its finished block on: each finished segment
+  // is sent a few segments after it landed, while its wire values wait in a finished slot,
+  // instead of a whole block later. (Interleaving every stage, each kStageLag segments behind
+  // the one before, was measured too: no faster at N = 4 on 2 cores over TCP, 8 % slower in one
+  // run of 5 repeats and level in one of 9, so the other stages keep their slack of a whole
+  // block of ready sends.)
+  // Segment j of stage s has the key start(s) + j, ties (stages `overlap` and `overlap` + 1) in
+  // the order of their stages. The sender computes the order from its send counts, the receiver
+  // from its receive counts, which are the same numbers (stage s moves the same block on both
+  // sides of a link), so both walk the same sequence. A segment's key exceeds the key of the
+  // segment it depends on (stage s-1, segment j), so every rank can always send its next message
+  // once its left neighbour has sent the ones of smaller keys: no deadlock.
   template <class Count>
-  std::vector<Msg> message_order(Count count) const {
+  std::vector<Msg> message_order(Count count, std::size_t overlap) const {
     std::vector<std::pair<std::size_t, Msg>> keyed;
+    std::size_t start = 0;  // stage s's first key
+    std::size_t prev_start = 0, prev_k = 0;
     for (std::size_t s = 0; s < stages_.size(); ++s) {
       const std::size_t k = segs(count(s));
-      for (std::size_t j = 0; j < k; ++j) keyed.push_back({s * kStageLag + j, Msg{s, j}});
+      if (s > 0) {
+        start = s == overlap + 1 ? prev_start + std::min(kStageLag, prev_k) : prev_start + prev_k;
+      }
+      for (std::size_t j = 0; j < k; ++j) keyed.push_back({start + j, Msg{s, j}});
+      prev_start = start;
+      prev_k = k;
     }
     std::stable_sort(keyed.begin(), keyed.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
