@@ -217,3 +217,60 @@ TEST_CASE("contract: a GroupView is a TransportRef over a subset, and groups nes
   });
   CHECK_MESSAGE(f.count() == 0, f.text());
 }
+
+// The ring allreduce with its allgather interleaved with the last reduce-scatter step
+// (AlgoOptions::ring_overlap_lag, what the Communicator sets where every link is TCP): the
+// message order changes, the values must not. Small segments cut every block into many
+// messages; lags shorter and longer than a block; sum exact in int32, average in float32.
+TEST_CASE("contract: ring allreduce with the allgather interleaved, exact on every rank") {
+  for (int n : {2, 3, 4, 5}) {
+    for (std::size_t lag : {std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{1000}}) {
+      inproc::Failures f;
+      inproc::run_ranks(n, [&](inproc::Comm& c, int r) {
+        kolo::TransportRef t(c.transport());
+        kolo::AlgoOptions opt;
+        opt.sig.collective = kolo::Collective::user;
+        opt.segment_bytes = 64;  // 16 elements per message
+        opt.ring_overlap_lag = lag;
+        for (std::size_t count : {0u, 1u, 7u, 100u, 1001u}) {
+          for (bool in_place : {false, true}) {
+            const std::string where = "n " + std::to_string(n) + ", lag " + std::to_string(lag) +
+                                      ", count " + std::to_string(count) +
+                                      (in_place ? ", in place" : "") + ", rank " +
+                                      std::to_string(r);
+            std::vector<std::int32_t> in(count), out(count, -1);
+            for (std::size_t i = 0; i < count; ++i) in[i] = (r + 1) * 1000 + static_cast<int>(i);
+            std::int32_t* dst = in_place ? in.data() : out.data();
+            kolo::allreduce_ring(t, in.data(), dst, count, kolo::DataType::int32,
+                                 kolo::ReduceOp::sum, opt);
+            for (std::size_t i = 0; i < count; ++i) {
+              const std::int32_t want = 1000 * n * (n + 1) / 2 + n * static_cast<int>(i);
+              if (dst[i] != want) {
+                f.add("sum, " + where + ": element " + std::to_string(i) + " is " +
+                      std::to_string(dst[i]) + ", not " + std::to_string(want));
+                break;
+              }
+            }
+            std::vector<float> x(count), y(count, -1.0f);
+            for (std::size_t i = 0; i < count; ++i) x[i] = static_cast<float>(r + 1 + i % 5);
+            float* d = in_place ? x.data() : y.data();
+            kolo::allreduce_ring(t, x.data(), d, count, kolo::DataType::float32,
+                                 kolo::ReduceOp::average, opt);
+            for (std::size_t i = 0; i < count; ++i) {
+              // Small integers add exactly in any order; the owner divides the sum once.
+              const float sum = static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i % 5));
+              if (d[i] != sum / static_cast<float>(n)) {
+                f.add("average, " + where + ": element " + std::to_string(i) + " is " +
+                      std::to_string(d[i]));
+                break;
+              }
+            }
+          }
+        }
+      });
+      CAPTURE(n);
+      CAPTURE(lag);
+      CHECK_MESSAGE(f.count() == 0, f.text());
+    }
+  }
+}

@@ -25,7 +25,18 @@ struct AlgoOptions {
   // cut into chunks of about this size, and the ring across hosts of one chunk runs while the
   // rings inside the host run for its neighbours (0: no chunks). The same on every rank.
   std::size_t hierarchical_chunk_bytes = 4 << 20;
+  // The ring allreduce's allgather starts this many segments after its last reduce-scatter
+  // stage starts, the two interleaved, so that each finished segment is sent on while it is in
+  // cache (0: after that stage ends). Must be the same on every rank: the Communicator sets it
+  // from facts every rank shares (kRingOverlapLag where every link is TCP and no host has more
+  // ranks than cores).
+  std::size_t ring_overlap_lag = 0;
 };
+
+// Measured (64 MiB over TCP loopback, N = 2, 256 KiB segments; docs/performance.md): lags of 1
+// to 3 segments took 16.5-17.8 ms against 24.6 ms stage by stage, 4 segments 17.6-23.1 ms and
+// 16 no gain; on shared memory (N = 2) and with 4 ranks on 2 cores over TCP any lag was slower.
+inline constexpr std::size_t kRingOverlapLag = 2;
 
 // Elements [begin, begin+count) of block b when `total` elements are split into n blocks as
 // evenly as possible (the first total % n blocks get one more): any count, any rank count.

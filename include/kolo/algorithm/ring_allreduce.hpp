@@ -38,15 +38,20 @@ inline void allreduce_ring(TransportRef t, const void* in, void* out, std::size_
       ring_allreduce_stage_list<RingStage>(r, n, src, dst, count, es);
   const std::size_t last_rs = static_cast<std::size_t>(n - 2);
   const BlockRange owned = even_block(count, n, mod(r + 1, n));
-  if (op != ReduceOp::average) {
-    run_ring(t, stages, f->rs, opt);
-    return;
-  }
-  run_ring(t, stages, f->rs, opt, [&](std::size_t stage, std::size_t off, std::size_t len) {
+  auto finish = [&](std::size_t stage, std::size_t off, std::size_t len) {
     if (stage == last_rs && len > 0) {
       finish_average(dst + owned.begin * es + off, len / es, dtype, n);
     }
-  });
+  };
+  RingRun ring(
+      t, stages, f->rs, opt,
+      op != ReduceOp::average
+          ? nullptr
+          : +[](void* c, std::size_t stage, std::size_t off,
+                std::size_t len) { (*static_cast<decltype(finish)*>(c))(stage, off, len); },
+      &finish);
+  ring.overlap_after(last_rs, opt.ring_overlap_lag);
+  while (!ring.progress()) t.wait_any_progress(opt.deadline);
 }
 
 // The same ring over a list of tensors (`map`: each one's input and output), in pieces: the
@@ -93,6 +98,7 @@ inline void allreduce_ring_pieces(TransportRef t, PieceMap& map, DataType dtype,
         (*static_cast<decltype(finish)*>(c))(stage, off, len);
       },
       &finish, &map);
+  ring.overlap_after(last_rs, opt.ring_overlap_lag);  // the same messages as allreduce_ring's
   while (!ring.progress()) t.wait_any_progress(opt.deadline);
 }
 

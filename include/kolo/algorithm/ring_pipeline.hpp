@@ -197,18 +197,30 @@ class BasicRingRun {
         left_(mod(t.rank() - 1, t.size())),
         // Segment size: a multiple of the element size so reductions never split an element.
         seg_(std::max(es(rs), opt.segment_bytes / es(rs) * es(rs))),
-        recv_off_(stages.size() + 1, 0),
-        send_segs_(stages.size()) {
-    const std::size_t nst = stages_.size();
-    for (std::size_t s = 0; s < nst; ++s) {
+        recv_off_(stages.size() + 1, 0) {
+    for (std::size_t s = 0; s < stages_.size(); ++s) {
       recv_off_[s + 1] = recv_off_[s] + detail::segment_count(stages_[s].recv_bytes, seg_);
-      send_segs_[s] = detail::segment_count(stages_[s].send_bytes, seg_);
+      send_total_ += detail::segment_count(stages_[s].send_bytes, seg_);
+    }
+  }
+
+  // Before the first progress(): stage `stage` + 1 starts `lag` segments after stage `stage`
+  // starts, instead of after it ends, and the two run interleaved (lag 0: no change). Every
+  // rank of the ring must make the same call. An allreduce uses it on its last reduce-scatter
+  // stage (AlgoOptions::ring_overlap_lag): each finished segment is then sent on while it is in
+  // cache, not a whole block after it was reduced.
+  void overlap_after(std::size_t stage, std::size_t lag) {
+    if (lag == 0 || stage + 1 >= stages_.size()) return;
+    send_order_ = message_order(true, stage, lag);
+    recv_order_ = message_order(false, stage, lag);
+    recv_pos_.resize(recv_order_.size());
+    for (std::size_t p = 0; p < recv_order_.size(); ++p) {
+      recv_pos_[recv_off_[recv_order_[p].stage] + recv_order_[p].seg] = p;
     }
   }
 
   bool progress() {
-    const std::size_t nst = stages_.size();
-    const std::size_t recv_total = recv_off_[nst];
+    const std::size_t recv_total = recv_off_[stages_.size()];
     // Retire receives in order (the transport completes them in posting order).
     while (!recvs_.empty() && t_.done(recvs_.front().req)) {
       const Pending& p = recvs_.front();
@@ -224,19 +236,23 @@ class BasicRingRun {
     while (recv_posted_ < recv_total && recv_posted_ - recv_done_ < opt_.recv_window) {
       post_recv(recv_posted_++);
     }
-    // Post every send whose data is ready: stage 0 at once, stage t segment j once stage t-1
-    // segment j has been received (its bytes are what we forward).
-    while (send_stage_ < nst) {
-      if (send_stage_ > 0 && recv_off_[send_stage_ - 1] + send_seg_ >= recv_done_) break;
-      const Stage& st = stages_[send_stage_];
-      const std::size_t off = send_seg_ * seg_;
-      sends_.push_back({send_stage_, send_seg_, post_send(st, off, piece(st.send_bytes, off))});
-      if (++send_seg_ == send_segs_[send_stage_]) {
-        send_seg_ = 0;
-        ++send_stage_;
+    // Post the sends in their order while their data is ready: stage 0 at once, stage t segment
+    // j once stage t-1 segment j has been received (its bytes are what we forward).
+    while (send_posted_ < send_total_) {
+      const Seg m = send_order_.empty() ? next_send_ : send_order_[send_posted_];
+      if (m.stage > 0) {  // the position of the receive it forwards
+        const std::size_t flat = recv_off_[m.stage - 1] + m.seg;
+        if ((recv_pos_.empty() ? flat : recv_pos_[flat]) >= recv_done_) break;
+      }
+      const Stage& st = stages_[m.stage];
+      const std::size_t off = m.seg * seg_;
+      sends_.push_back({m.stage, m.seg, post_send(st, off, piece(st.send_bytes, off))});
+      ++send_posted_;
+      if (send_order_.empty() && ++next_send_.seg == detail::segment_count(st.send_bytes, seg_)) {
+        next_send_ = {m.stage + 1, 0};
       }
     }
-    return recv_done_ == recv_total && send_stage_ == nst && sends_.empty();
+    return recv_done_ == recv_total && send_posted_ == send_total_ && sends_.empty();
   }
 
  private:
@@ -244,14 +260,45 @@ class BasicRingRun {
     std::size_t stage, seg;
     TransportRef::Request req;
   };
+  struct Seg {
+    std::size_t stage, seg;
+  };
   static std::size_t es(const ReduceSpec& rs) { return rs.elem_size ? rs.elem_size : 1; }
+  // The order of the messages one way: stage by stage, segment by segment, except that stage
+  // `overlap` + 1 starts `lag` segments after stage `overlap` started. Segment j of stage s has
+  // the key start(s) + j; ties (the two interleaved stages) go in stage order. The sender
+  // derives its order from its send sizes, the receiver from its receive sizes, which are the
+  // same blocks, so both walk the same sequence; a segment's key exceeds the key of the segment
+  // it forwards (stage s-1, segment j), so no arrival order can deadlock.
+  std::vector<Seg> message_order(bool sends, std::size_t overlap, std::size_t lag) const {
+    std::vector<std::pair<std::size_t, Seg>> keyed;
+    std::size_t start = 0, prev_k = 0;
+    for (std::size_t s = 0; s < stages_.size(); ++s) {
+      const std::size_t k =
+          detail::segment_count(sends ? stages_[s].send_bytes : stages_[s].recv_bytes, seg_);
+      if (s > 0) start += s == overlap + 1 ? std::min(lag, prev_k) : prev_k;
+      for (std::size_t j = 0; j < k; ++j) keyed.push_back({start + j, Seg{s, j}});
+      prev_k = k;
+    }
+    std::stable_sort(keyed.begin(), keyed.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<Seg> order(keyed.size());
+    for (std::size_t i = 0; i < keyed.size(); ++i) order[i] = keyed[i].second;
+    return order;
+  }
+
   std::size_t piece(std::size_t bytes, std::size_t off) const {
     return std::min(seg_, bytes - std::min(off, bytes));
   }
   void post_recv(std::size_t flat) {
-    std::size_t s = 0;
-    while (recv_off_[s + 1] <= flat) ++s;
-    const std::size_t j = flat - recv_off_[s];
+    std::size_t s = 0, j = 0;
+    if (recv_order_.empty()) {  // stage by stage
+      while (recv_off_[s + 1] <= flat) ++s;
+      j = flat - recv_off_[s];
+    } else {
+      s = recv_order_[flat].stage;
+      j = recv_order_[flat].seg;
+    }
     const Stage& st = stages_[s];
     const std::size_t off = j * seg_;
     const std::size_t len = piece(st.recv_bytes, off);
@@ -285,11 +332,15 @@ class BasicRingRun {
   void* ctx_;
   int right_, left_;
   std::size_t seg_;
-  std::vector<std::size_t> recv_off_;  // flat index of stage t's first recv segment
-  std::vector<std::size_t> send_segs_;
+  std::vector<std::size_t> recv_off_;  // per stage: its first segment's index in recv_pos_
+  // With overlap_after(): the messages' order each way, and each receive's position in it
+  // (empty: stage by stage, where a receive's position is its flat index).
+  std::vector<Seg> send_order_, recv_order_;
+  std::vector<std::size_t> recv_pos_;
+  Seg next_send_{0, 0};  // stage by stage: the next send
+  std::size_t send_total_ = 0;
   std::deque<Pending> recvs_, sends_;
-  std::size_t recv_posted_ = 0, recv_done_ = 0;
-  std::size_t send_stage_ = 0, send_seg_ = 0;
+  std::size_t recv_posted_ = 0, recv_done_ = 0, send_posted_ = 0;
 };
 
 using RingRun = BasicRingRun<RingStage>;
