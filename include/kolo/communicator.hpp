@@ -1352,8 +1352,9 @@ void Communicator<T>::setup_selector() {
   selector_ = Selector(tuning, shape, opts_.segment_bytes);
   // The ring allreduce's interleaved allgather (AlgoOptions::ring_overlap_lag) pays where the
   // kernel copies each sent segment out of the sender's memory and every rank has a core: over
-  // TCP loopback at N = 2 it took 0.7 x the time; through shared memory, or with more ranks than
-  // cores, it was slower. Decided from the routes as rank 0 sees them and the negotiated
+  // TCP loopback at N = 2 it took 0.7 x the time in the median (bimodal across fresh runs, level
+  // with ranks pinned one per core); through shared memory, or with more ranks than cores, it
+  // was slower. Decided from the routes as rank 0 sees them and the negotiated
   // tuning, so every rank decides the same.
   ring_overlap_lag_ =
       routes && intra == Route::tcp && inter == Route::tcp && selector_.oversubscription() <= 1.0
