@@ -28,7 +28,6 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
-#include <utility>
 #include <vector>
 
 #include "kolo/algorithm/options.hpp"
@@ -148,7 +147,8 @@ inline constexpr std::size_t kNoFinish = static_cast<std::size_t>(-1);
 // stage `finish_stage` (none: kNoFinish) are finished as they land: divided by `divisor` (when
 // > 1), then rounded to the wire type and back; where the compressor has a fold, the same pass
 // leaves their wire values in a finished slot, and the next stage, which runs interleaved with the
-// finishing one (message_order), sends them from there without compressing the block again.
+// finishing one (detail::ring_message_order), sends them from there without compressing the
+// block again.
 //
 // As an object: progress() does whatever needs no waiting and says whether the ring is done, so
 // that rings on disjoint peers can progress in one loop (the pipelined hierarchical allreduce);
@@ -178,8 +178,18 @@ class WireRingRun {
       for (std::size_t i = 0; i < ws_.fin; ++i) fin_free_.push_back(i);
     }
     const std::size_t overlap = hand_on ? finish_stage_ : kNoFinish;
-    send_order_ = message_order([&](std::size_t s) { return stages_[s].send_count; }, overlap);
-    recv_order_ = message_order([&](std::size_t s) { return stages_[s].recv_count; }, overlap);
+    // The finishing stage and the one that sends its finished block on run interleaved: each
+    // finished segment is sent a few segments after it landed, while its wire values wait in a
+    // finished slot, instead of a whole block later. (Interleaving every stage, each kStageLag
+    // segments behind the one before, was measured too: no faster at N = 4 on 2 cores over
+    // TCP, 8 % slower in one run of 5 repeats and level in one of 9, so the other stages keep
+    // their slack of a whole block of ready sends.)
+    send_order_ = detail::ring_message_order(
+        stages_.size(), [&](std::size_t s) { return segs(stages_[s].send_count); }, overlap,
+        kStageLag);
+    recv_order_ = detail::ring_message_order(
+        stages_.size(), [&](std::size_t s) { return segs(stages_[s].recv_count); }, overlap,
+        kStageLag);
     recv_pos_.resize(recv_order_.size());
     for (std::size_t p = 0; p < recv_order_.size(); ++p) {
       recv_pos_[recv_off_[recv_order_[p].stage] + recv_order_[p].seg] = p;
@@ -240,44 +250,7 @@ class WireRingRun {
     std::size_t slot;  // receives: the recv slot; sends: the finished slot sent, or kNoSlot
     TransportRef::Request req;
   };
-  struct Msg {
-    std::size_t stage, seg;
-  };
-  // The order in which the messages of the stages travel one way, given each stage's element
-  // count: stage by stage, segment by segment, except that stage `overlap` + 1 starts kStageLag
-  // segments after stage `overlap` started and runs interleaved with it (kNoFinish: none). That
-  // is the finishing stage and the one that sends its finished block on: each finished segment
-  // is sent a few segments after it landed, while its wire values wait in a finished slot,
-  // instead of a whole block later. (Interleaving every stage, each kStageLag segments behind
-  // the one before, was measured too: no faster at N = 4 on 2 cores over TCP, 8 % slower in one
-  // run of 5 repeats and level in one of 9, so the other stages keep their slack of a whole
-  // block of ready sends.)
-  // Segment j of stage s has the key start(s) + j, ties (stages `overlap` and `overlap` + 1) in
-  // the order of their stages. The sender computes the order from its send counts, the receiver
-  // from its receive counts, which are the same numbers (stage s moves the same block on both
-  // sides of a link), so both walk the same sequence. A segment's key exceeds the key of the
-  // segment it depends on (stage s-1, segment j), so every rank can always send its next message
-  // once its left neighbour has sent the ones of smaller keys: no deadlock.
-  template <class Count>
-  std::vector<Msg> message_order(Count count, std::size_t overlap) const {
-    std::vector<std::pair<std::size_t, Msg>> keyed;
-    std::size_t start = 0;  // stage s's first key
-    std::size_t prev_start = 0, prev_k = 0;
-    for (std::size_t s = 0; s < stages_.size(); ++s) {
-      const std::size_t k = segs(count(s));
-      if (s > 0) {
-        start = s == overlap + 1 ? prev_start + std::min(kStageLag, prev_k) : prev_start + prev_k;
-      }
-      for (std::size_t j = 0; j < k; ++j) keyed.push_back({start + j, Msg{s, j}});
-      prev_start = start;
-      prev_k = k;
-    }
-    std::stable_sort(keyed.begin(), keyed.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<Msg> order(keyed.size());
-    for (std::size_t i = 0; i < keyed.size(); ++i) order[i] = keyed[i].second;
-    return order;
-  }
+  using Msg = detail::RingSeg;
   std::size_t segs(std::size_t elems) const {
     return elems == 0 ? std::size_t{1} : (elems + ws_.seg - 1) / ws_.seg;
   }

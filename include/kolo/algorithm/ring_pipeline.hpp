@@ -140,6 +140,38 @@ inline std::size_t segment_count(std::size_t bytes, std::size_t seg) {
   return bytes == 0 ? 1 : (bytes + seg - 1) / seg;  // an empty block still sends one message
 }
 
+// One message of a ring: segment `seg` of stage `stage`.
+struct RingSeg {
+  std::size_t stage, seg;
+};
+
+// The order in which a ring's messages travel one way, given each stage's segment count
+// (`segs(s)`, s < nstages): stage by stage, segment by segment, except that stage `overlap` + 1
+// starts `lag` segments after stage `overlap` started and runs interleaved with it. Segment j of
+// stage s has the key start(s) + j; ties (the two interleaved stages) go in stage order. The
+// sender derives its order from its send sizes, the receiver from its receive sizes, which are
+// the same blocks (stage s moves the same block on both ends of a link), so both walk the same
+// sequence; a segment's key exceeds the key of the segment it forwards (stage s-1, segment j),
+// so every rank can always send its next message once its left neighbour has sent the ones of
+// smaller keys, whatever the arrival order: no deadlock.
+template <class SegCount>
+std::vector<RingSeg> ring_message_order(std::size_t nstages, SegCount segs, std::size_t overlap,
+                                        std::size_t lag) {
+  std::vector<std::pair<std::size_t, RingSeg>> keyed;
+  std::size_t start = 0, prev_k = 0;
+  for (std::size_t s = 0; s < nstages; ++s) {
+    const std::size_t k = segs(s);
+    if (s > 0) start += s == overlap + 1 ? std::min(lag, prev_k) : prev_k;
+    for (std::size_t j = 0; j < k; ++j) keyed.push_back({start + j, RingSeg{s, j}});
+    prev_k = k;
+  }
+  std::stable_sort(keyed.begin(), keyed.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<RingSeg> order(keyed.size());
+  for (std::size_t i = 0; i < keyed.size(); ++i) order[i] = keyed[i].second;
+  return order;
+}
+
 }  // namespace detail
 
 // The stages of a ring allreduce of `count` elements at rank r of n, as `Stage`s: RingStage
@@ -211,8 +243,14 @@ class BasicRingRun {
   // cache, not a whole block after it was reduced.
   void overlap_after(std::size_t stage, std::size_t lag) {
     if (lag == 0 || stage + 1 >= stages_.size()) return;
-    send_order_ = message_order(true, stage, lag);
-    recv_order_ = message_order(false, stage, lag);
+    send_order_ = detail::ring_message_order(
+        stages_.size(),
+        [&](std::size_t s) { return detail::segment_count(stages_[s].send_bytes, seg_); }, stage,
+        lag);
+    recv_order_ = detail::ring_message_order(
+        stages_.size(),
+        [&](std::size_t s) { return detail::segment_count(stages_[s].recv_bytes, seg_); }, stage,
+        lag);
     recv_pos_.resize(recv_order_.size());
     for (std::size_t p = 0; p < recv_order_.size(); ++p) {
       recv_pos_[recv_off_[recv_order_[p].stage] + recv_order_[p].seg] = p;
@@ -260,33 +298,8 @@ class BasicRingRun {
     std::size_t stage, seg;
     TransportRef::Request req;
   };
-  struct Seg {
-    std::size_t stage, seg;
-  };
+  using Seg = detail::RingSeg;
   static std::size_t es(const ReduceSpec& rs) { return rs.elem_size ? rs.elem_size : 1; }
-  // The order of the messages one way: stage by stage, segment by segment, except that stage
-  // `overlap` + 1 starts `lag` segments after stage `overlap` started. Segment j of stage s has
-  // the key start(s) + j; ties (the two interleaved stages) go in stage order. The sender
-  // derives its order from its send sizes, the receiver from its receive sizes, which are the
-  // same blocks, so both walk the same sequence; a segment's key exceeds the key of the segment
-  // it forwards (stage s-1, segment j), so no arrival order can deadlock.
-  std::vector<Seg> message_order(bool sends, std::size_t overlap, std::size_t lag) const {
-    std::vector<std::pair<std::size_t, Seg>> keyed;
-    std::size_t start = 0, prev_k = 0;
-    for (std::size_t s = 0; s < stages_.size(); ++s) {
-      const std::size_t k =
-          detail::segment_count(sends ? stages_[s].send_bytes : stages_[s].recv_bytes, seg_);
-      if (s > 0) start += s == overlap + 1 ? std::min(lag, prev_k) : prev_k;
-      for (std::size_t j = 0; j < k; ++j) keyed.push_back({start + j, Seg{s, j}});
-      prev_k = k;
-    }
-    std::stable_sort(keyed.begin(), keyed.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<Seg> order(keyed.size());
-    for (std::size_t i = 0; i < keyed.size(); ++i) order[i] = keyed[i].second;
-    return order;
-  }
-
   std::size_t piece(std::size_t bytes, std::size_t off) const {
     return std::min(seg_, bytes - std::min(off, bytes));
   }
