@@ -146,6 +146,42 @@ TEST_CASE("invalid argument on one rank reaches all") {
   }
 }
 
+// The same errors on the routed transport across two "hosts" (host keys: tests/netns/
+// keyed_hosts.sh), 2 + 2 ranks: shared memory inside a host, TCP between them. A rank reads a
+// TCP socket on which it has no receive posted only now and then (or when poll() finds it
+// readable), so an error that crosses hosts while a rank waits on its local peer must still
+// reach it, as fast as on one host.
+TEST_CASE("errors reach every rank across hosts (routed, 2 + 2 ranks)") {
+  const int np = 4;
+  const std::vector<std::string> keyed = {KOLO_KEYED_HOSTS_SH, "--rank", "2,2",
+                                          KOLO_FAULT_WORKER_EXE};
+  const std::vector<std::string> env = {"KOLO_TRANSPORT=routed", "KOLO_TIMEOUT_SECONDS=20"};
+  {
+    const JobResult r = kolo_run(np, {"mismatch-count"}, env, 30, 10, keyed);
+    expect_all_ranks(r, np, "MismatchError", {"999", "1000"});
+    CHECK(r.seconds < 10);
+  }
+  {
+    const JobResult r =
+        kolo_run(np, {"mismatch-count", std::to_string(1 << 22)}, env, 30, 10, keyed);
+    expect_all_ranks(r, np, "MismatchError",
+                     {std::to_string(1 << 22), std::to_string((1 << 22) - 1)});
+    CHECK(r.seconds < 10);
+  }
+  {
+    const JobResult r = kolo_run(np, {"null-buffer"}, env, 30, 10, keyed);
+    expect_all_ranks(r, np, "ConfigError", {"null pointer with 1000 elements"});
+    CHECK(r.seconds < 10);
+    const auto reports = fault_reports(r.out);
+    if (reports.size() == static_cast<std::size_t>(np)) {
+      const std::string origin = reports.at("1").what;
+      for (const char* other : {"0", "2", "3"}) {
+        CHECK(reports.at(other).what == origin + " [reported by rank 1]");
+      }
+    }
+  }
+}
+
 // (b) A rank SIGKILLed mid-allreduce: the survivors get PeerLostError within seconds, far
 // below KOLO_TIMEOUT_SECONDS, and kolo-run passes on the killed rank's 128+9.
 // The same for float32 on an fp16 wire (allreduce_compressed, the ring converting segment by

@@ -7,6 +7,9 @@
 // a transport missing a member is refused with a message naming it.
 #include "inproc_harness.hpp"
 
+#include <cstring>
+
+#include <kolo/algorithm/ring_allreduce_wire.hpp>
 #include <kolo/kolo.hpp>
 #include <kolo/transport/transport_ref.hpp>
 
@@ -270,6 +273,65 @@ TEST_CASE("contract: ring allreduce with the allgather interleaved, exact on eve
       });
       CAPTURE(n);
       CAPTURE(lag);
+      CHECK_MESSAGE(f.count() == 0, f.text());
+    }
+  }
+}
+
+// The compressed ring (allreduce_ring_wire): the finishing stage's fold leaves each finished
+// segment's 16-bit values in a finished slot, and the next stage sends them from there; when no
+// slot is free the send compresses the segment again. Few slots (0, 1, 2) force that fallback
+// for most segments: the values must be those of the default (kWireFinSlots), bit for bit, and
+// sums of small integers exact. 64-byte segments (32 fp16 values) cut blocks into many messages.
+TEST_CASE("contract: compressed ring with too few finished slots, same values on every rank") {
+  for (const char* wire : {"fp16", "bf16"}) {
+    const kolo::CompressionPolicy c = kolo::CompressionPolicy::parse(wire);
+    REQUIRE((c.fold != nullptr));
+    for (int n : {2, 3, 5}) {
+      inproc::Failures f;
+      inproc::run_ranks(n, [&](inproc::Comm& comm, int r) {
+        kolo::TransportRef t(comm.transport());
+        kolo::AlgoOptions opt;
+        opt.sig.collective = kolo::Collective::user;
+        opt.segment_bytes = 64;
+        std::vector<std::byte> scratch;
+        kolo::WireSlots ws(c, opt, scratch);
+        const std::size_t slots = ws.fin;
+        for (std::size_t count : {1u, 100u, 1001u, 5000u}) {
+          std::vector<float> in(count);
+          for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(r + 1 + i % 7);
+          for (int divisor : {1, n}) {
+            std::vector<float> want(count);
+            ws.fin = slots;
+            kolo::allreduce_ring_wire_divided(t, in.data(), want.data(), count, divisor, opt, ws);
+            for (std::size_t fin : {0u, 1u, 2u}) {
+              const std::string where = std::string(wire) + ", n " + std::to_string(n) +
+                                        ", count " + std::to_string(count) + ", divisor " +
+                                        std::to_string(divisor) + ", " + std::to_string(fin) +
+                                        " finished slots, rank " + std::to_string(r);
+              std::vector<float> got(count, -1.0f);
+              ws.fin = fin;
+              kolo::allreduce_ring_wire_divided(t, in.data(), got.data(), count, divisor, opt, ws);
+              if (std::memcmp(got.data(), want.data(), count * sizeof(float)) != 0) {
+                f.add(where + ": differs from the default's values");
+              }
+            }
+            if (divisor == 1) {
+              for (std::size_t i = 0; i < count; ++i) {
+                const float sum = static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i % 7));
+                if (want[i] != sum) {
+                  f.add(std::string(wire) + ", n " + std::to_string(n) + ", count " +
+                        std::to_string(count) + ": element " + std::to_string(i) + " is " +
+                        std::to_string(want[i]) + ", not " + std::to_string(sum));
+                  break;
+                }
+              }
+            }
+          }
+        }
+      });
+      CAPTURE(wire);
+      CAPTURE(n);
       CHECK_MESSAGE(f.count() == 0, f.text());
     }
   }

@@ -300,7 +300,7 @@ inline constexpr Var yield_every{
     1 << 20,
     "1 when ranks > cores, else 1024",
     "checks of the channels between two sched_yield calls while a mesh rank spins (1: hand the "
-    "core on at every check)"};
+    "core on at every check); it yields after 20 us of spinning in any case"};
 inline constexpr Var wait_spread{
     "KOLO_WAIT_SPREAD",
     Kind::flag,

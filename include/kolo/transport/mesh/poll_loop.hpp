@@ -20,7 +20,9 @@
 //     (KOLO_SPIN_MIN_US): spinning through waits that long (a peer computing) only burns a core.
 //   - Spinning yields the core, and how often is learned too. At most every yield_every checks
 //     (KOLO_YIELD_EVERY: 1024 while every local rank has a core, 1 when local ranks outnumber
-//     cores). A sched_yield that returns late (> 5 µs) means another task ran on this core,
+//     cores), and at least every 20 µs of spinning (kYieldAfterUs: a check that polls a TCP
+//     socket is a system call, so 1024 of them can take milliseconds). A sched_yield that
+//     returns late (> 5 µs) means another task ran on this core,
 //     typically the peer we wait for, which the scheduler's wake-up placement put on our core:
 //     from then on the rank yields at every check, so each check hands the core over (2 µs a
 //     round trip instead of 50 µs: 1024 checks between yields). A prompt yield doubles the
@@ -110,11 +112,15 @@ class PollLoop {
     int iter = 0;
     bool moved = false;
     if (policy_.spread) e.note_cpu(::sched_getcpu());
+    // A check that polls a TCP socket is a system call (a microsecond or two, not the tens of
+    // nanoseconds of a shared-memory flag), so a count of checks alone could leave the core
+    // unoffered for milliseconds; the clock bounds it too.
+    auto last_yield = t0;
     for (auto now = t0; now < spin_until;) {
       cpu_relax();
       e.progress();
       if (e.completions() != before) return;
-      if (++iter >= yield_every_) {
+      if (++iter >= yield_every_ || now - last_yield >= std::chrono::microseconds(kYieldAfterUs)) {
         iter = 0;
         ::sched_yield();
         const auto after = Clock::now();
@@ -139,6 +145,7 @@ class PollLoop {
         // yields, and a second read per check was half of the clock reads that perf put at
         // about 5 % of a waiting rank's time.
         now = after;
+        last_yield = after;
       } else {
         now = Clock::now();
       }
@@ -201,6 +208,8 @@ class PollLoop {
 
   // A sched_yield that returns later than this handed the core to another task.
   static constexpr int kBusyYieldUs = 5;
+  // A spinning rank offers its core at least this often, however long its checks take.
+  static constexpr int kYieldAfterUs = 20;
 
   WaitPolicy policy_;
   double budget_ns_ = 50000;
