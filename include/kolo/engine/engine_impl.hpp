@@ -922,6 +922,10 @@ class EngineCore {
       prepacked_.clear();  // nothing to pack: the batch travels in pieces
       return;
     }
+    if (size() == 1 && !compresses(*first)) {
+      prepacked_.clear();  // nothing to pack: one rank copies its tensors (run_alone)
+      return;
+    }
     if (first->prescale == 1.0 && !compresses(*first)) {
       locals_.clear();
       for (std::size_t k : prepacked_) locals_.push_back(&cache_[k].local);
