@@ -17,6 +17,20 @@
 
 namespace {
 
+// Under a sanitizer, touching memory also touches its shadow, which takes faults of its own:
+// the count is checked in the plain builds only (the values in every build).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kShadowMemory = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kShadowMemory = true;
+#else
+constexpr bool kShadowMemory = false;
+#endif
+#else
+constexpr bool kShadowMemory = false;
+#endif
+
 using kolo::detail::ShmChannel;
 using kolo::detail::ShmGeometry;
 using kolo::detail::ShmSegment;
@@ -93,5 +107,9 @@ TEST_CASE("shm channel: the first small message through every slot takes no page
   for (const auto& v : got) CHECK(v == msg);
   // Without the prefault each slot's first page faulted once in the sender (allocate) and once
   // in the receiver (map): 32 here. (The checks above run outside the counted spans.)
-  CHECK_MESSAGE(faults <= 2, "minor faults over the first " << 2 * g.slots << " messages");
+  if (kShadowMemory) {
+    MESSAGE("sanitizer build: " << faults << " minor faults (the count is not checked)");
+  } else {
+    CHECK_MESSAGE(faults <= 2, "minor faults over the first " << 2 * g.slots << " messages");
+  }
 }
