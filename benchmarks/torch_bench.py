@@ -18,6 +18,12 @@ the worst repeat of the time per call, and the bus bandwidth 2(N-1)/N x bytes / 
 plugin's cost over the Communicator is given twice: from the medians, and from the best
 repeats (on a shared, loaded machine the best repeat is the one least disturbed by others).
 
+cuda: dist.all_reduce on CUDA tensors (float32, SUM), rank r on GPU r % count, with the CUDA
+build of kolo_torch (KOLO_TORCH_CUDA=1). Against NCCL's own backend ("nccl") where every rank
+has its own GPU; where ranks share one (NCCL refuses that) against "gloo" on the same CUDA
+tensors, with KOLO_NCCL=0 (kolo stages through pinned host memory). Each repeat times `iters`
+calls and a device synchronisation; "async" is all_reduce(async_op=True).wait().
+
 ddp: the training step time of one model (a small CNN on 32x32 images) under
 DistributedDataParallel with each backend, interleaved, and the same step without DDP (the
 compute alone): the communication share is (ddp - local) / ddp.
@@ -118,6 +124,66 @@ def allreduce_rank(rank, n, port, args, queue):
     dist.destroy_process_group()
 
 
+def cuda_rank(rank, n, port, args, queue):
+    import kolo_torch
+
+    assert kolo_torch._C.built_with_cuda(), f"{kolo_torch.__file__} is not the CUDA build"
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    shared = n > torch.cuda.device_count()
+    if shared:
+        os.environ["KOLO_NCCL"] = "0"  # NCCL refuses two ranks on one GPU: kolo stages
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(n))
+    dist.init_process_group("kolo")
+    kolo_pg = dist.group.WORLD
+    peer = "gloo" if shared else "nccl"
+    peer_pg = dist.new_group(backend=peer)
+    sync_pg = dist.new_group(backend="gloo")
+    rows = []
+    for nbytes in sizes(args.min_bytes, args.max_bytes):
+        count = max(1, nbytes // 4)
+        x = torch.ones(count, dtype=torch.float32, device=dev)
+        iters = iters_for(nbytes)
+
+        def run(fn):
+            def calls():
+                for _ in range(iters):
+                    fn()
+                torch.cuda.synchronize(dev)
+            return calls
+
+        impls = {
+            "kolo": run(lambda: dist.all_reduce(x, group=kolo_pg)),
+            "async": run(lambda: dist.all_reduce(x, group=kolo_pg, async_op=True).wait()),
+            peer: run(lambda: dist.all_reduce(x, group=peer_pg)),
+        }
+        times = {k: [] for k in impls}
+        for fn in impls.values():  # warm-up (communicators, pinned buffers, caches)
+            timed(fn, 2)
+        for _ in range(args.repeats):
+            for name, fn in impls.items():
+                dist.barrier(group=sync_pg)
+                times[name].append(timed(fn, 1) / iters)
+        t = torch.tensor([times[k] for k in impls], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=sync_pg)
+        row = {"bytes": count * 4, "iters": iters, "peer": peer}
+        for i, name in enumerate(impls):
+            vals = t[i].tolist()
+            row[name] = {"median_us": statistics.median(vals) * 1e6, "max_us": max(vals) * 1e6}
+        rows.append(row)
+    # exact: both backends give the same sums of small integers
+    y = torch.arange(1000, dtype=torch.float32, device=dev) + rank
+    z = y.clone()
+    dist.all_reduce(y, group=kolo_pg)
+    dist.all_reduce(z, group=peer_pg)
+    want = (torch.arange(1000, dtype=torch.float32) * n + n * (n - 1) / 2).to(dev)
+    assert torch.equal(y, want) and torch.equal(z, want), f"kolo and {peer} disagree"
+    if rank == 0:
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
 class SmallCNN(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -206,7 +272,7 @@ def human(b):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("mode", choices=["allreduce", "ddp"])
+    ap.add_argument("mode", choices=["allreduce", "ddp", "cuda"])
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--min-bytes", type=int, default=8)
@@ -219,7 +285,7 @@ def main():
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    target = allreduce_rank if args.mode == "allreduce" else ddp_rank
+    target = {"allreduce": allreduce_rank, "ddp": ddp_rank, "cuda": cuda_rank}[args.mode]
     procs = [ctx.Process(target=target, args=(r, args.np, port, args, q)) for r in range(args.np)]
     for p in procs:
         p.start()
@@ -264,6 +330,17 @@ def main():
                   f"{a['median_us']:.1f} ({a['max_us']:.1f}) | {cost(a['median_us'], c['median_us'])} | "
                   f"{k['min_us']:.1f} / {a['min_us']:.1f} / {c['min_us']:.1f} | "
                   f"{cost(k['min_us'], c['min_us'])} / {cost(a['min_us'], c['min_us'])} |")
+    elif args.mode == "cuda":
+        peer = result[0]["peer"]
+        print(f"| bytes | kolo us (max) | async us (max) | {peer} us (max) | kolo / {peer} | "
+              f"kolo added us |")
+        print("|---|---|---|---|---|---|")
+        for r in result:
+            k, a, p = r["kolo"], r["async"], r[peer]
+            print(f"| {human(r['bytes'])} | {k['median_us']:.1f} ({k['max_us']:.1f}) | "
+                  f"{a['median_us']:.1f} ({a['max_us']:.1f}) | {p['median_us']:.1f} "
+                  f"({p['max_us']:.1f}) | {k['median_us'] / p['median_us']:.2f} | "
+                  f"{k['median_us'] - p['median_us']:+.1f} |")
     else:
         r = result
         local = r["local"]["median_ms"]

@@ -21,6 +21,12 @@ if not os.path.exists(os.path.join(kolo_include, "kolo", "communicator.hpp")):
     raise RuntimeError(f"kolo-torch: kolo's headers are not at {kolo_include}: build from the "
                        "kolo repository (pip install backends/torch) or set KOLO_INCLUDE_DIR")
 
+# c10d::Backend's interface as kolo_backend.hpp uses it (split, getBackendOptions) is torch 2.9's.
+_torch_version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+if _torch_version < (2, 9):
+    raise RuntimeError(f"kolo-torch: torch {torch.__version__} is installed; kolo-torch needs "
+                       "torch 2.9 or later")
+
 want_cuda = os.environ.get("KOLO_TORCH_CUDA", "0")
 if want_cuda not in ("0", "1", ""):
     raise RuntimeError(f"kolo-torch: KOLO_TORCH_CUDA={want_cuda!r}: use 1 (the CUDA build) or 0")

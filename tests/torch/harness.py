@@ -81,14 +81,34 @@ def run_config(script, config, timeout):
     return ok
 
 
+def torch_version():
+    """(major, minor) of the torch in use."""
+    import torch
+
+    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def load_backend_for_old_torch():
+    """torch before 2.14 does not load the "torch.distributed.backends" entry points, so its
+    users import kolo_torch (which registers "kolo") before init_process_group; a rank does the
+    same there. From 2.14 on a rank imports nothing, as a user's script need not, and the tests
+    prove that torch finds the backend through its entry point."""
+    if torch_version() < (2, 14):
+        import kolo_torch  # noqa: F401
+
+
 def rank_args():
+    """The command line of a driver or of a rank (--rank set: the backend is loadable)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--rank", type=int)
     ap.add_argument("--world", type=int)
     ap.add_argument("--port", type=int)
     ap.add_argument("--config")
     ap.add_argument("--only", help="driver: run only configurations whose name contains this")
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.rank is not None:
+        load_backend_for_old_torch()
+    return args
 
 
 def main(rank_fn, configs, timeout=180):

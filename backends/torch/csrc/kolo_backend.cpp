@@ -161,7 +161,12 @@ kolo::ReduceOp reduce_op(const c10d::ReduceOp& op, at::ScalarType st, const char
 // PREMUL_SUM's factor (a double or a one-element tensor), or nullopt for other ops.
 std::optional<double> premul_factor(const c10d::ReduceOp& op) {
   if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
-  const auto* s = dynamic_cast<const c10d::PreMulSumSupplement*>(op.supplement_.get());
+#if KOLO_TORCH_AT_LEAST(2, 13)
+  using Supplement = c10d::PreMulSumSupplement;
+#else
+  using Supplement = c10d::NCCLPreMulSumSupplement;
+#endif
+  const auto* s = dynamic_cast<const Supplement*>(op.supplement_.get());
   if (s == nullptr) fail("PREMUL_SUM without a factor");
   if (s->tensor_factor.defined()) return s->tensor_factor.to(at::kCPU).item<double>();
   return s->double_factor;

@@ -21,6 +21,7 @@
 // tensor, and every CUDA tensor in a CPU build, is staged through host memory.
 #pragma once
 
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -39,6 +40,25 @@
 #include <vector>
 
 #include <kolo/communicator.hpp>
+
+// Supported torch versions: 2.9 and later (docs/torch.md). c10d's Backend changed twice in that
+// range, and one source serves both sides of each change:
+// - torch 2.14 made all_gather_single, all_gather_single_coalesced, reduce_scatter_single,
+//   reduce_scatter_single_coalesced and all_to_all_single the canonical virtuals (the older names
+//   _allgather_base etc. became forwarding aliases). kolo implements the new names and has the
+//   old ones call them; before 2.14 the new names are plain members, reached only that way.
+// - torch 2.13 renamed NCCLPreMulSumSupplement (PREMUL_SUM's factor) to PreMulSumSupplement.
+#define KOLO_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||       \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+#if !KOLO_TORCH_AT_LEAST(2, 9)
+#error "kolo_torch needs torch 2.9 or later (c10d::Backend's split and getBackendOptions)"
+#endif
+#if KOLO_TORCH_AT_LEAST(2, 14)
+#define KOLO_TORCH_SINGLE_OVERRIDE override
+#else
+#define KOLO_TORCH_SINGLE_OVERRIDE
+#endif
 
 namespace kolo_torch {
 
@@ -111,7 +131,8 @@ class KoloBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& output, at::Tensor& input,
-                                                   const c10d::AllgatherOptions& opts) override;
+                                                   const c10d::AllgatherOptions& opts)
+      KOLO_TORCH_SINGLE_OVERRIDE;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) override;
@@ -120,7 +141,7 @@ class KoloBackend : public c10d::Backend {
       const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override;
+      const c10d::AllgatherOptions& opts) KOLO_TORCH_SINGLE_OVERRIDE;
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override;
@@ -132,22 +153,23 @@ class KoloBackend : public c10d::Backend {
                                                 const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_single(
-      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single(at::Tensor& output, at::Tensor& input,
+                                                       const c10d::ReduceScatterOptions& opts)
+      KOLO_TORCH_SINGLE_OVERRIDE;
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::ReduceScatterOptions& opts) override;
+      const c10d::ReduceScatterOptions& opts) KOLO_TORCH_SINGLE_OVERRIDE;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& output, at::Tensor& input,
-                                                   std::vector<int64_t>& output_splits,
-                                                   std::vector<int64_t>& input_splits,
-                                                   const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> all_to_all_single(
+      at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+      std::vector<int64_t>& input_splits,
+      const c10d::AllToAllOptions& opts) KOLO_TORCH_SINGLE_OVERRIDE;
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
