@@ -8,7 +8,8 @@
 #
 # The environment is rebuilt when the requirements file changes (a stamp holds its hash).
 # Knobs: KOLO_PYENV (the directory; default ${XDG_CACHE_HOME:-~/.cache}/kolo/pyenv),
-# PYTHON (the interpreter that creates it; default python3).
+# PYTHON (the interpreter that creates it; default python3), KOLO_TEST_PYTHON (an interpreter
+# to use as it is instead, e.g. a venv with another torch or pyspark: nothing is installed).
 # Exit 1 with the reason when it cannot be had: a test suite that needs it fails loudly.
 set -euo pipefail
 
@@ -16,6 +17,15 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 reqs="$here/requirements-py.txt"
 env_dir=${KOLO_PYENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kolo/pyenv}
 base_py=${PYTHON:-python3}
+
+if [[ -n ${KOLO_TEST_PYTHON:-} ]]; then
+  [[ -x $KOLO_TEST_PYTHON ]] || {
+    echo "pyenv.sh: KOLO_TEST_PYTHON=$KOLO_TEST_PYTHON is not an executable" >&2
+    exit 1
+  }
+  echo "$KOLO_TEST_PYTHON"
+  exit 0
+fi
 
 want=$(sha256sum "$reqs" | cut -c1-16)
 stamp="$env_dir/.kolo-requirements"

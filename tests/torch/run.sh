@@ -4,19 +4,15 @@
 # a user does (pip install backends/torch, which compiles the extension against that torch);
 # CTest runs it first (fixture torch_plugin); `run.sh install-cuda DIR` builds the CUDA variant
 # into DIR (fixture torch_cuda_plugin). No skip: a missing torch or a failed build is a
-# failure, in CI and elsewhere. KOLO_TORCH_TEST_PYTHON=/path/to/python runs everything with that
-# interpreter instead (another torch version: it needs numpy, expecttest, hypothesis, pytest).
+# failure, in CI and elsewhere. KOLO_TEST_PYTHON (tests/pyenv.sh) runs them with another
+# interpreter (another torch version).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-if [[ -n ${KOLO_TORCH_TEST_PYTHON:-} ]]; then
-  py=$KOLO_TORCH_TEST_PYTHON
-else
-  py=$(bash "$repo/tests/pyenv.sh") || {
-    echo "tests/torch: the Python test environment (torch) could not be installed" >&2
-    exit 1
-  }
-fi
+py=$(bash "$repo/tests/pyenv.sh") || {
+  echo "tests/torch: the Python test environment (torch) could not be installed" >&2
+  exit 1
+}
 export PYTHONDONTWRITEBYTECODE=1
 if [[ ${1:-} == install ]]; then
   started=$SECONDS
