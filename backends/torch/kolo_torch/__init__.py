@@ -1,11 +1,11 @@
 """kolo as a torch.distributed backend.
 
     import torch.distributed as dist
-    dist.init_process_group("kolo")          # torch loads kolo_torch through its entry point
+    dist.init_process_group("kolo")          # torch >= 2.14 loads kolo_torch (its entry point)
     dist.all_reduce(tensor)
 
-`import kolo_torch` registers the backend too (for torch versions that do not load backend
-entry points). Rank, world size and rendezvous are torch's own (env://, tcp://, file://, a
+`import kolo_torch` registers the backend too: needed before init_process_group with torch 2.9
+to 2.13, which do not load backend entry points. Rank, world size and rendezvous are torch's own (env://, tcp://, file://, a
 TCPStore you pass); kolo's KOLO_* variables tune it (KOLO_TRANSPORT, KOLO_TIMEOUT_SECONDS,
 KOLO_ALLREDUCE, ...). See docs/torch.md.
 """
