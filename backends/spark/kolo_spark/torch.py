@@ -705,8 +705,10 @@ class TorchModel(Model, _ModelParams, MLReadable, MLWritable):
         clash = [o for o in outputs if o in fields]
         if clash:
             _fail(f"output column(s) {', '.join(clash)} already in the DataFrame")
+        # Arrays as Arrow hands them back (elements nullable): Spark 3.4 compares a pandas_udf's
+        # schema exactly and fails the task on containsNull=False.
         schema = T.StructType([T.StructField(o, T.DoubleType() if w == 1 else
-                                             T.ArrayType(T.DoubleType(), False))
+                                             T.ArrayType(T.DoubleType(), True))
                                for o, w in zip(outputs, widths)])
         sc = df.sparkSession.sparkContext
         ship_package(sc)
