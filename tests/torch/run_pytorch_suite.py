@@ -18,6 +18,7 @@ by the suite itself; docs/torch.md lists what ran, passed and was skipped, and w
 import argparse
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -80,7 +81,15 @@ if __name__ == "__main__":
     ARGS = parse_args()
     os.environ["BACKEND"] = ARGS.backend
     os.environ["WORLD_SIZE"] = str(ARGS.world_size)
-    os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="kolo-pt-suite-"))
+    # One directory for everything the suite and its ranks create, removed at the end: the
+    # suite's rendezvous files (tempfile.NamedTemporaryFile(delete=False) per test, which torch's
+    # FileStore deletes only when every rank destroys its process group, and many tests do not)
+    # would otherwise stay in /tmp, a few hundred per run. TMPDIR reaches spawned ranks;
+    # tempfile.tempdir forked ones (and this process).
+    _OWN_TMP = tempfile.mkdtemp(prefix="kolo-pt-suite-")
+    os.environ.setdefault("TEMP_DIR", _OWN_TMP)
+    os.environ["TMPDIR"] = _OWN_TMP
+    tempfile.tempdir = _OWN_TMP
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # The suite sets its own timeouts through torch (init_process_group/new_group(timeout=...))
     # and checks them (test_barrier_timeout_*); KOLO_TIMEOUT_SECONDS, which CI exports for
@@ -158,4 +167,8 @@ def run(args):
 
 
 if __name__ == "__main__":
-    sys.exit(run(ARGS))
+    try:
+        rc = run(ARGS)
+    finally:
+        shutil.rmtree(_OWN_TMP, ignore_errors=True)
+    sys.exit(rc)
