@@ -227,6 +227,32 @@ def test_detached_daemons_are_found_and_reported(tmp_path):
     assert left == []
 
 
+# A rank whose main thread has exited while another thread lives on (what a multi-threaded
+# program looks like for a moment while a signal ends it): /proc shows the process as a zombie,
+# and the daemon it started is still its child until its last thread is gone. SIGTERM is blocked,
+# so only the supervisor's SIGKILL ends it.
+_EXITING_RANK = """
+import ctypes, os, platform, signal, subprocess, sys, threading, time
+daemon = subprocess.Popen(["setsid", "sleep", "3600.63"])
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+threading.Thread(target=time.sleep, args=(600,)).start()
+with open(os.path.join(sys.argv[1], "pids"), "w") as f:
+    f.write(f"{os.getpid()} {daemon.pid}")
+ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[platform.machine()], 0)  # exit(2)
+"""
+
+
+def test_a_zombie_leader_does_not_hide_the_daemons_it_started(tmp_path):
+    with pytest.raises(kolo_spark.RankFailedError, match="timed out"):
+        kolo_spark.run(None, 1, [sys.executable, "-c", _EXITING_RANK, str(tmp_path)],
+                       local_mode=True, echo=False, timeout=2, kill_grace=0.5)
+    rank, daemon = map(int, (tmp_path / "pids").read_text().split())
+    # run() returned: both are gone already (the daemon was found through the zombie leader)
+    left = [p for p in (rank, daemon) if not process_gone(p)]
+    kill_leftovers(left)
+    assert left == []
+
+
 def test_local_mode_timeline_and_torchrun_port(tmp_path):
     path = tmp_path / "t.json"
     script = 'echo "port=$MASTER_PORT addr=$MASTER_ADDR"'

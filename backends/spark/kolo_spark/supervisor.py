@@ -51,7 +51,9 @@ def _prctl():
 
 
 def _proc_table():
-    """{pid: (ppid, sid, comm)} of every process we can see."""
+    """{pid: (ppid, sid, comm, live)} of every process we can see; ``live`` is False for a zombie
+    (or a thread group whose leader has exited while other threads still run: its children keep
+    it as their parent until the last thread is gone, so the tree walk must go through it)."""
     table = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -63,25 +65,34 @@ def _proc_table():
             continue
         head, _, tail = raw.rpartition(")")
         fields = tail.split()
-        if len(fields) < 4 or fields[0] in ("Z", "X"):
+        if len(fields) < 4:
             continue
-        table[int(name)] = (int(fields[1]), int(fields[3]), head.partition("(")[2])
+        table[int(name)] = (int(fields[1]), int(fields[3]), head.partition("(")[2],
+                            fields[0] not in ("Z", "X"))
     return table
 
 
-def descendants(root: int):
-    """[(pid, sid, comm)] of the live descendants of ``root`` (zombies excluded)."""
+def _walk(root: int):
+    """[(pid, sid, comm, live)] of every descendant of ``root``, zombies included."""
     table = _proc_table()
     children = {}
-    for pid, (ppid, sid, comm) in table.items():
+    for pid, (ppid, _, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
     out, todo = [], list(children.get(root, ()))
     while todo:
         pid = todo.pop()
         if pid in table:
-            out.append((pid, table[pid][1], table[pid][2]))
+            _, sid, comm, live = table[pid]
+            out.append((pid, sid, comm, live))
             todo.extend(children.get(pid, ()))
     return out
+
+
+def descendants(root: int):
+    """[(pid, sid, comm)] of the live descendants of ``root`` (zombies excluded, but walked
+    through: a multi-threaded rank killed by a signal shows as a zombie while its last threads
+    exit, and the daemons it started are still its children then)."""
+    return [(pid, sid, comm) for pid, sid, comm, live in _walk(root) if live]
 
 
 def _names(procs) -> str:
@@ -98,6 +109,7 @@ class Supervisor:
         self.me = os.getpid()
         self.sid = os.getsid(0)
         self.wake_r, self.wake_w = os.pipe()
+        self.stdin_closed = False
         os.set_blocking(self.wake_w, False)
 
     def status(self, **msg) -> None:
@@ -116,25 +128,29 @@ class Supervisor:
         if not self.stop_reason:
             self.stop_reason = signal.Signals(signum).name
 
-    def reap(self) -> None:
-        """Reaps every exited child (the rank and adopted orphans) without blocking."""
+    def reap(self) -> bool:
+        """Reaps every exited child (the rank and adopted orphans) without blocking; True while
+        any child is left. As the child subreaper, the supervisor inherits every orphan of the
+        rank's tree: no child left means no process of the rank left."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                return False
             except InterruptedError:
                 continue
             if pid == 0:
-                return
+                return True
             if self.rank is not None and pid == self.rank.pid:
                 self.rank_status = (os.WEXITSTATUS(status) if os.WIFEXITED(status)
                                     else -os.WTERMSIG(status) if os.WIFSIGNALED(status) else -1)
 
     def wait_events(self, timeout: float) -> None:
-        """Sleeps until a signal (SIGCHLD, SIGTERM, ...), stdin activity, or ``timeout``."""
+        """Sleeps until a signal (SIGCHLD, SIGTERM, ...), stdin activity, or ``timeout``. Stdin
+        is watched until its end of file (then it would be ready at once, every time)."""
+        watch = [self.wake_r] if self.stdin_closed else [0, self.wake_r]
         try:
-            ready, _, _ = select.select([0, self.wake_r], [], [], max(0.0, timeout))
+            ready, _, _ = select.select(watch, [], [], max(0.0, timeout))
         except InterruptedError:
             return
         if self.wake_r in ready:
@@ -147,33 +163,42 @@ class Supervisor:
                 data = os.read(0, 512)
             except OSError:
                 data = b""
-            if not data and not self.stop_reason:
-                self.stop_reason = "task gone"
+            if not data:
+                self.stdin_closed = True
+                if not self.stop_reason:
+                    self.stop_reason = "task gone"
 
     def signal_all(self, sig: int) -> list:
-        procs = descendants(self.me)
-        for pid, _, _ in procs:
+        """``sig`` to every descendant, zombies too (a zombie leader whose other threads still
+        run takes a signal for the whole process; a real zombie ignores it, and its pid cannot
+        be reused before it is reaped). Returns the live ones it found."""
+        procs = _walk(self.me)
+        for pid, _, _, _ in procs:
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-        return procs
+        return [(pid, sid, comm) for pid, sid, comm, live in procs if live]
 
     def end_all(self, grace: float) -> None:
-        """SIGTERM to every descendant, SIGKILL after ``grace`` seconds, until none is left."""
+        """SIGTERM to every descendant, SIGKILL after ``grace`` seconds, until no child is left.
+
+        Done means no child at all, not an empty process-tree walk: a process that is exiting
+        (a multi-threaded rank whose main thread is gone) may hide its children from the walk
+        for a moment, and they come to the supervisor only when its last thread has exited."""
         if self.signal_all(signal.SIGTERM):
             end = time.monotonic() + grace
             while time.monotonic() < end:
-                self.reap()
-                if not descendants(self.me):
+                if not self.reap():
                     break
+                if not descendants(self.me):
+                    self.wait_events(0.01)  # exiting: wait for it to be reaped
+                    continue
                 self.wait_events(min(0.1, end - time.monotonic()))
-        for _ in range(200):  # a process forking as fast as we kill: bounded
-            self.reap()
-            if not self.signal_all(signal.SIGKILL):
-                break
+        end = time.monotonic() + 10.0  # bounded: a process forking as fast as we kill
+        while self.reap() and time.monotonic() < end:
+            self.signal_all(signal.SIGKILL)
             time.sleep(0.01)
-        self.reap()
 
     def run(self, spec: dict) -> int:
         prctl = _prctl()
