@@ -243,9 +243,10 @@ ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[platform.machine()], 0) 
 
 
 def test_a_zombie_leader_does_not_hide_the_daemons_it_started(tmp_path):
+    # timeout=4: time for the interpreter to start and write its pids on a busy machine
     with pytest.raises(kolo_spark.RankFailedError, match="timed out"):
         kolo_spark.run(None, 1, [sys.executable, "-c", _EXITING_RANK, str(tmp_path)],
-                       local_mode=True, echo=False, timeout=2, kill_grace=0.5)
+                       local_mode=True, echo=False, timeout=4, kill_grace=0.5)
     rank, daemon = map(int, (tmp_path / "pids").read_text().split())
     # run() returned: both are gone already (the daemon was found through the zombie leader)
     left = [p for p in (rank, daemon) if not process_gone(p)]
