@@ -9,7 +9,7 @@ import pytest
 
 from kolo_spark import (ConfigurationError, SetupError, TaskInfo, compute_topology, peers_string,
                         rendezvous)
-from kolo_spark.driver import check_conf, local_master_slots, slots_problem
+from kolo_spark.driver import check_conf, local_master_slots, python_problem, slots_problem
 from kolo_spark.errors import RankFailedError
 from kolo_spark.task import (CONTRACT_VARS, build_env, error_from_text, raise_task_failure,
                              TaskFailure)
@@ -177,3 +177,15 @@ def test_driver_checks_as_pure_functions():
     msg = slots_problem(4, 2, "local[4]", {"spark.task.cpus": "2"})
     assert "only 2 task slots" in msg and "local[8]" in msg and "spark.task.cpus=1" in msg
     assert "master local[4])" not in msg
+
+
+def test_pyspark_before_3_4_on_python_3_11_is_refused_by_name():
+    # pyspark 3.3's cloudpickle cannot pickle Python 3.11 functions: the job would fail with
+    # "IndexError: tuple index out of range" (checked by hand with pyspark 3.3.4, docs/spark.md)
+    msg = python_problem("3.3.4", (3, 11))
+    assert msg.startswith("pyspark 3.3.4 does not support Python 3.11")
+    assert "Python 3.10 or older" in msg and "pyspark 3.4 or later" in msg
+    assert python_problem("3.3.4", (3, 10)) is None
+    assert python_problem("3.4.4", (3, 11)) is None
+    assert python_problem("4.0.1", (3, 13)) is None
+    assert python_problem("", (3, 12)) is None

@@ -104,6 +104,21 @@ def _truthy(v: Optional[str]) -> bool:
     return v is not None and v.strip().lower() == "true"
 
 
+def python_problem(pyspark_version: str, python: Tuple[int, int] = sys.version_info[:2]
+                   ) -> Optional[str]:
+    """The message for a pyspark that cannot run Python jobs on this interpreter, else None.
+    pyspark before 3.4 supports Python up to 3.10: its bundled cloudpickle fails on 3.11's code
+    objects ("IndexError: tuple index out of range"), in kolo_spark's pickling and in Spark's own
+    task serialization alike, so every job would fail with that obscure error."""
+    m = re.match(r"(\d+)\.(\d+)", pyspark_version or "")
+    if m and (int(m.group(1)), int(m.group(2))) < (3, 4) and tuple(python) >= (3, 11):
+        return (f"pyspark {pyspark_version} does not support Python {python[0]}.{python[1]} "
+                "(pyspark before 3.4 supports Python up to 3.10: its cloudpickle cannot pickle "
+                "3.11's functions, and every Python job would fail). Use Python 3.10 or older "
+                "with this Spark, or pyspark 3.4 or later.")
+    return None
+
+
 def check_conf(conf: Mapping[str, str], use_gpu: Optional[bool],
                master: Optional[str] = None) -> List[str]:
     """Problems of the Spark configuration for a barrier job, as messages (empty: fine).
@@ -426,8 +441,11 @@ def run(spark, num_proc: int, command: Union[str, Sequence[str], Callable], args
         try:
             spec.fn_payload = cp.dumps((command, tuple(args), dict(kwargs or {})))
         except Exception as e:
+            why = python_problem(getattr(sys.modules.get("pyspark"), "__version__", "")) \
+                if spec.pickler == "pyspark" else None
             raise ConfigurationError(f"kolo_spark: the function or its arguments cannot be "
-                                     f"pickled on the driver: {type(e).__name__}: {e}") from None
+                                     f"pickled on the driver: {type(e).__name__}: {e}"
+                                     + (f" ({why})" if why else "")) from None
 
     if local_mode:
         traces: Dict[int, List[dict]] = {}
@@ -450,6 +468,13 @@ def run(spark, num_proc: int, command: Union[str, Sequence[str], Callable], args
     if echo is None:
         spec.echo = sink is None or local_master_slots(sc.master) is None
     problems = check_conf(conf, use_gpu, sc.master)
+    try:
+        import pyspark
+        bad_python = python_problem(getattr(pyspark, "__version__", ""))
+    except ImportError:
+        bad_python = None
+    if bad_python:
+        problems.insert(0, bad_python)
     if problems:
         raise ConfigurationError("kolo_spark: cannot run a barrier job:\n  - " +
                                  "\n  - ".join(problems))
