@@ -249,7 +249,39 @@ def test_a_zombie_leader_does_not_hide_the_daemons_it_started(tmp_path):
                        local_mode=True, echo=False, timeout=4, kill_grace=0.5)
     rank, daemon = map(int, (tmp_path / "pids").read_text().split())
     # run() returned: both are gone already (the daemon was found through the zombie leader)
-    left = [p for p in (rank, daemon) if not process_gone(p)]
+    left = [p for p in (rank, daemon) if _threads_alive(p)]
+    kill_leftovers(left)
+    assert left == []
+
+
+def _threads_alive(pid):
+    """True while any thread of pid runs (process_gone counts a zombie leader as gone)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return False
+    return any(not process_gone(f"{pid}/task/{t}") for t in tids)
+
+
+_EXITING_HELPER = """
+import ctypes, os, platform, signal, sys, threading, time
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+threading.Thread(target=time.sleep, args=(600,)).start()
+with open(os.path.join(sys.argv[1], "pid"), "w") as f:
+    f.write(str(os.getpid()))
+ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[platform.machine()], 0)  # exit(2)
+"""
+
+
+def test_a_helper_left_exiting_is_ended_when_the_rank_exits(tmp_path):
+    # The rank exits by itself and leaves a helper whose main thread has exited: no live process
+    # in the walk, but the supervisor still has a child, and it ends it.
+    script = '"$0" -c "$1" "$2" & while [ ! -s "$2/pid" ]; do sleep 0.05; done; sleep 0.3'
+    result = kolo_spark.run(None, 1, ["sh", "-c", script, sys.executable, _EXITING_HELPER,
+                                      str(tmp_path)], local_mode=True, echo=False, kill_grace=0.5)
+    assert result.exit_codes == [0]
+    helper = int((tmp_path / "pid").read_text())
+    left = [helper] if _threads_alive(helper) else []
     kill_leftovers(left)
     assert left == []
 

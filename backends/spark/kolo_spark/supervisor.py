@@ -268,6 +268,8 @@ class Supervisor:
                          f"{'es' if len(procs) != 1 else ''} running: {_names(leftovers)}; "
                          "ending them")
                 self.end_all(min(grace, 1.0))
+            elif self.reap():  # only exiting processes (zombie leaders) left: end them too
+                self.end_all(min(grace, 1.0))
         self.reap()
         status = self.rank_status if self.rank_status is not None else -signal.SIGKILL
         self.status(exit=status, leftovers=leftovers, stopped=self.stop_reason)
