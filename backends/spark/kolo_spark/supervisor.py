@@ -183,9 +183,10 @@ class Supervisor:
     def end_all(self, grace: float) -> None:
         """SIGTERM to every descendant, SIGKILL after ``grace`` seconds, until no child is left.
 
-        Done means no child at all, not an empty process-tree walk: a process that is exiting
-        (a multi-threaded rank whose main thread is gone) may hide its children from the walk
-        for a moment, and they come to the supervisor only when its last thread has exited."""
+        Done means no child at all, not "no live process in the walk": a process that is
+        exiting (a multi-threaded rank whose main thread is gone) is not live, yet it still runs
+        threads and holds its children, which come to the supervisor only when its last thread
+        has exited."""
         if self.signal_all(signal.SIGTERM):
             end = time.monotonic() + grace
             while time.monotonic() < end:
