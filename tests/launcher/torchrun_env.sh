@@ -36,13 +36,16 @@ read -r agent_port kolo_port <<<"$ports"
 KOLO_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
 export KOLO_SECRET KOLO_TIMEOUT_SECONDS=60
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+# torchrun's agent makes a log directory (torchelastic_*) under TMPDIR and leaves it: give it
+# one of ours, removed at the end.
+tmp=$(mktemp -d)
+trap 'rm -rf "$out" "$tmp"' EXIT
 failed=0
 for form in plain explicit-port; do
   cmd=("$probe")
   [[ $form == explicit-port ]] && cmd=(env MASTER_PORT="$kolo_port" "$probe")
   rc=0
-  timeout 240 "$py" -m torch.distributed.run --nnodes 1 --nproc-per-node 3 --node-rank 0 \
+  TMPDIR=$tmp timeout 240 "$py" -m torch.distributed.run --nnodes 1 --nproc-per-node 3 --node-rank 0 \
     --master-addr 127.0.0.1 --master-port "$agent_port" \
     --no-python "${cmd[@]}" allreduce 1000 >"$out" 2>&1 || rc=$?
   grep -v '^W[0-9]' "$out" | sed 's/^/    | /'
