@@ -398,6 +398,20 @@ TEST_CASE("engine: coalesced submissions with joined ranks, mismatches and bad i
             .find("overlap") != std::string::npos);
   CHECK(config_error({TensorView(nullptr, 3, DataType::float32)}).find("null data pointer") !=
         std::string::npos);
+  // Out of address order (the overlap check sorts), submitted twice (the second time the same
+  // list passes without the sort), then the same addresses with one size grown into the other.
+  std::vector<float> g(16);
+  for (int step = 0; step < 2; ++step) {
+    std::fill(g.begin(), g.end(), static_cast<float>(r + step));
+    const std::vector<TensorView> desc{TensorView(std::span<float>(g).subspan(8)),
+                                       TensorView(std::span<float>(g).first(8))};
+    engine.allreduce_coalesced_async("descending", desc).wait();
+    CHECK(g[0] == static_cast<float>(n * (n - 1) / 2 + n * step));
+    CHECK(g[15] == static_cast<float>(n * (n - 1) / 2 + n * step));
+  }
+  CHECK(config_error(
+            {TensorView(std::span<float>(g).subspan(8)), TensorView(std::span<float>(g).first(9))})
+            .find("overlap") != std::string::npos);
   // The engine still works.
   engine.allreduce_coalesced_async("after", std::span<const TensorView>(views).first(1)).wait();
   CHECK(x[0] == static_cast<float>(n));

@@ -336,3 +336,72 @@ TEST_CASE("contract: compressed ring with too few finished slots, same values on
     }
   }
 }
+
+// allreduce_coalesced refuses tensors that overlap, with the same list that passed before
+// unchanged in between: a list equal to the last one checked skips the check (the engine submits
+// the same list every step), so a list that differs only in one size must still be checked.
+TEST_CASE("contract: allreduce_coalesced refuses overlapping tensors, also after a list passed") {
+  using kolo::TensorView;
+  for (int n : {1, 2, 3}) {
+    for (bool outputs : {true, false}) {
+      CAPTURE(n);
+      CAPTURE(outputs);
+      std::vector<std::string> errors(static_cast<std::size_t>(n));
+      inproc::Failures f;
+      inproc::run_ranks(n, [&](inproc::Comm& c, int r) {
+        // Out of address order (the sort runs): the upper half first, then the lower half.
+        std::vector<float> in(16), out(16);
+        const auto view = [](std::vector<float>& v, std::size_t at, std::size_t k) {
+          return TensorView(v.data() + at, k, kolo::DataType::float32);
+        };
+        for (int step = 0; step < 3; ++step) {
+          for (std::size_t i = 0; i < 16; ++i) in[i] = static_cast<float>(r + step + i);
+          const std::vector<TensorView> ins{view(in, 8, 8), view(in, 0, 8)};
+          const std::vector<TensorView> outs{view(out, 8, 8), view(out, 0, 8)};
+          c.allreduce_coalesced(ins, outs, kolo::ReduceOp::sum);
+          for (std::size_t i = 0; i < 16; ++i) {
+            const float want =
+                static_cast<float>(n * (n - 1) / 2 + n * (step + static_cast<int>(i)));
+            if (out[i] != want) {
+              f.add("rank " + std::to_string(r) + " step " + std::to_string(step) + ": element " +
+                    std::to_string(i));
+              break;
+            }
+          }
+        }
+        // The same addresses, one size grown by one element: the lower output now runs into the
+        // upper one, or (outputs == false) the second input runs into the first tensor's output
+        // (out of place, inputs and outputs in one vector).
+        try {
+          if (outputs) {
+            const std::vector<TensorView> ins{view(in, 8, 8), view(in, 0, 9)};
+            const std::vector<TensorView> outs{view(out, 8, 8), view(out, 0, 9)};
+            c.allreduce_coalesced(ins, outs, kolo::ReduceOp::sum);
+          } else {
+            // First a list that passes: tensor 0 out of place (in[0..4) -> in[8..12)), tensor 1
+            // in place (in[4..8)); then tensor 1 grown over tensor 0's output.
+            std::vector<TensorView> ins{view(in, 0, 4), view(in, 4, 4)};
+            std::vector<TensorView> outs{view(in, 8, 4), view(in, 4, 4)};
+            c.allreduce_coalesced(ins, outs, kolo::ReduceOp::sum);
+            c.allreduce_coalesced(ins, outs, kolo::ReduceOp::sum);
+            ins[1] = view(in, 4, 5);
+            outs[1] = view(out, 0, 5);
+            c.allreduce_coalesced(ins, outs, kolo::ReduceOp::sum);
+          }
+          errors[static_cast<std::size_t>(r)] = "no error";
+        } catch (const kolo::ConfigError& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        } catch (const kolo::Error& e) {
+          errors[static_cast<std::size_t>(r)] = std::string("not a ConfigError: ") + e.what();
+        }
+      });
+      CHECK_MESSAGE(f.count() == 0, f.text());
+      for (const std::string& e : errors) {
+        CHECK_MESSAGE(e.find(outputs ? "two outputs overlap"
+                                     : "the input of tensor 1 overlaps another tensor's output") !=
+                          std::string::npos,
+                      e);
+      }
+    }
+  }
+}

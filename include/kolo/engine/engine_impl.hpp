@@ -2121,18 +2121,24 @@ Handle EngineCore<T>::allreduce_coalesced_async(std::string_view name,
   }
   if (!ascending) {
     // Kept per thread: a step that submits the same list every time allocates nothing here.
-    thread_local std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
+    // The same list as this thread's last one that passed (a training step resubmits its
+    // buckets) passes again without the sort.
+    thread_local std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges, passed;
     ranges.clear();
     for (const TensorView& t : tensors) {
       const auto b = reinterpret_cast<std::uintptr_t>(t.data);
       if (t.count > 0) ranges.emplace_back(b, b + t.bytes());
     }
-    std::sort(ranges.begin(), ranges.end());
-    for (std::size_t i = 1; i < ranges.size(); ++i) {
-      if (ranges[i].first < ranges[i - 1].second) {
-        fail(
-            "two of its tensors overlap in memory; each tensor is reduced in place, so they "
-            "must be disjoint");
+    if (ranges != passed) {
+      passed = ranges;
+      std::sort(ranges.begin(), ranges.end());
+      for (std::size_t i = 1; i < ranges.size(); ++i) {
+        if (ranges[i].first < ranges[i - 1].second) {
+          passed.clear();
+          fail(
+              "two of its tensors overlap in memory; each tensor is reduced in place, so they "
+              "must be disjoint");
+        }
       }
     }
   }
