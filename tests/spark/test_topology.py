@@ -4,6 +4,7 @@ allGather (no Spark)."""
 import json
 import os
 import random
+import sys
 
 import pytest
 
@@ -189,3 +190,18 @@ def test_pyspark_before_3_4_on_python_3_11_is_refused_by_name():
     assert python_problem("3.4.4", (3, 11)) is None
     assert python_problem("4.0.1", (3, 13)) is None
     assert python_problem("", (3, 12)) is None
+
+
+def test_the_pyspark_in_use_is_the_one_checked(monkeypatch):
+    # run() asks about the pyspark this process imported (both where it refuses a barrier job
+    # and where a pickling error gets its reason): here the installed one, then a stand-in.
+    import types
+    import pyspark
+    from kolo_spark import driver
+    assert driver._pyspark_problem() == python_problem(pyspark.__version__)
+    monkeypatch.setitem(sys.modules, "pyspark", types.SimpleNamespace(__version__="3.3.4"))
+    msg = driver._pyspark_problem()
+    if sys.version_info[:2] >= (3, 11):
+        assert msg is not None and msg.startswith("pyspark 3.3.4 does not support Python")
+    else:
+        assert msg is None

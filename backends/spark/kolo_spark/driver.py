@@ -119,6 +119,18 @@ def python_problem(pyspark_version: str, python: Tuple[int, int] = sys.version_i
     return None
 
 
+def _pyspark_problem() -> Optional[str]:
+    """python_problem for the pyspark this process uses (imported already, or importable);
+    None without pyspark."""
+    mod = sys.modules.get("pyspark")
+    if mod is None:
+        try:
+            import pyspark as mod
+        except ImportError:
+            return None
+    return python_problem(getattr(mod, "__version__", ""))
+
+
 def check_conf(conf: Mapping[str, str], use_gpu: Optional[bool],
                master: Optional[str] = None) -> List[str]:
     """Problems of the Spark configuration for a barrier job, as messages (empty: fine).
@@ -441,8 +453,7 @@ def run(spark, num_proc: int, command: Union[str, Sequence[str], Callable], args
         try:
             spec.fn_payload = cp.dumps((command, tuple(args), dict(kwargs or {})))
         except Exception as e:
-            why = python_problem(getattr(sys.modules.get("pyspark"), "__version__", "")) \
-                if spec.pickler == "pyspark" else None
+            why = _pyspark_problem() if spec.pickler == "pyspark" else None
             raise ConfigurationError(f"kolo_spark: the function or its arguments cannot be "
                                      f"pickled on the driver: {type(e).__name__}: {e}"
                                      + (f" ({why})" if why else "")) from None
@@ -468,11 +479,7 @@ def run(spark, num_proc: int, command: Union[str, Sequence[str], Callable], args
     if echo is None:
         spec.echo = sink is None or local_master_slots(sc.master) is None
     problems = check_conf(conf, use_gpu, sc.master)
-    try:
-        import pyspark
-        bad_python = python_problem(getattr(pyspark, "__version__", ""))
-    except ImportError:
-        bad_python = None
+    bad_python = _pyspark_problem()
     if bad_python:
         problems.insert(0, bad_python)
     if problems:
