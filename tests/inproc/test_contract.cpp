@@ -349,30 +349,33 @@ TEST_CASE("contract: allreduce_coalesced refuses overlapping tensors, also after
       std::vector<std::string> errors(static_cast<std::size_t>(n));
       inproc::Failures f;
       inproc::run_ranks(n, [&](inproc::Comm& c, int r) {
-        // Out of address order (the sort runs): the upper half first, then the lower half.
-        std::vector<float> in(16), out(16);
-        const auto view = [](std::vector<float>& v, std::size_t at, std::size_t k) {
-          return TensorView(v.data() + at, k, kolo::DataType::float32);
-        };
-        for (int step = 0; step < 3; ++step) {
-          for (std::size_t i = 0; i < 16; ++i) in[i] = static_cast<float>(r + step + i);
-          const std::vector<TensorView> ins{view(in, 8, 8), view(in, 0, 8)};
-          const std::vector<TensorView> outs{view(out, 8, 8), view(out, 0, 8)};
-          c.allreduce_coalesced(ins, outs, kolo::ReduceOp::sum);
-          for (std::size_t i = 0; i < 16; ++i) {
-            const float want =
-                static_cast<float>(n * (n - 1) / 2 + n * (step + static_cast<int>(i)));
-            if (out[i] != want) {
-              f.add("rank " + std::to_string(r) + " step " + std::to_string(step) + ": element " +
-                    std::to_string(i));
-              break;
+        // The error of the last call reaches every rank, and may reach a rank that is still in
+        // an earlier collective (a faster rank got to the bad call first): every call is inside
+        // the try.
+        try {
+          // Out of address order (the sort runs): the upper half first, then the lower half.
+          std::vector<float> in(16), out(16);
+          const auto view = [](std::vector<float>& v, std::size_t at, std::size_t k) {
+            return TensorView(v.data() + at, k, kolo::DataType::float32);
+          };
+          for (int step = 0; step < 3; ++step) {
+            for (std::size_t i = 0; i < 16; ++i) in[i] = static_cast<float>(r + step + i);
+            const std::vector<TensorView> ins{view(in, 8, 8), view(in, 0, 8)};
+            const std::vector<TensorView> outs{view(out, 8, 8), view(out, 0, 8)};
+            c.allreduce_coalesced(ins, outs, kolo::ReduceOp::sum);
+            for (std::size_t i = 0; i < 16; ++i) {
+              const float want =
+                  static_cast<float>(n * (n - 1) / 2 + n * (step + static_cast<int>(i)));
+              if (out[i] != want) {
+                f.add("rank " + std::to_string(r) + " step " + std::to_string(step) + ": element " +
+                      std::to_string(i));
+                break;
+              }
             }
           }
-        }
-        // The same addresses, one size grown by one element: the lower output now runs into the
-        // upper one, or (outputs == false) the second input runs into the first tensor's output
-        // (out of place, inputs and outputs in one vector).
-        try {
+          // The same addresses, one size grown by one element: the lower output now runs into
+          // the upper one, or (outputs == false) the second input runs into the first tensor's
+          // output (out of place, inputs and outputs in one vector).
           if (outputs) {
             const std::vector<TensorView> ins{view(in, 8, 8), view(in, 0, 9)};
             const std::vector<TensorView> outs{view(out, 8, 8), view(out, 0, 9)};
