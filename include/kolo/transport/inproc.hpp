@@ -22,7 +22,10 @@
 // fabric; every rank's next call (or its current wait) throws that error, as a mesh rank would.
 // Because a receiver reads straight from the sender's buffer, an algorithm that changes a send
 // buffer before the send completes gets wrong results here (where a copying transport would
-// hide it): the contract says the buffer stays valid and unchanged until then.
+// hide it): the contract says the buffer stays valid and unchanged until then. A rank whose
+// call throws because the fabric was aborted first waits until no peer is still reading one of
+// its send buffers (the caller frees them as the error unwinds): once aborted, no peer starts
+// reading, and a read under way finishes first.
 #pragma once
 
 #include <atomic>
@@ -78,6 +81,9 @@ class InprocFabric {
     // (so a sleeping owner cannot miss it), read without it by done().
     std::unique_ptr<std::atomic<std::uint64_t>[]> sends_done;
     std::atomic<std::uint64_t> send_completions{0};
+    // Peers copying or reducing out of this rank's send buffers right now. Raised by the reader
+    // under its own mu (after seeing the fabric not aborted), lowered under this rank's mu.
+    std::atomic<int> reading{0};
   };
 
   RankBox& box(int r) { return *ranks_[static_cast<std::size_t>(r)]; }
@@ -144,7 +150,7 @@ class InprocTransport {
   double timeout_seconds() const { return f_.timeout_; }
 
   Request isend(int peer, const void* src, std::size_t bytes, const Signature& sig) {
-    f_.rethrow_if_aborted();
+    rethrow_if_aborted();
     auto& dst = f_.box(peer);
     {
       std::lock_guard<std::mutex> lk(dst.mu);
@@ -187,9 +193,32 @@ class InprocTransport {
 
   void abort(const Error& e) { f_.abort(e); }
   bool aborted() const { return f_.aborted(); }
-  [[noreturn]] void rethrow() const { f_.rethrow(); }
+  [[noreturn]] void rethrow() const {
+    quiesce();
+    f_.rethrow();
+  }
+
+  ~InprocTransport() {
+    if (f_.aborted()) quiesce();
+  }
+  InprocTransport(const InprocTransport&) = delete;
+  InprocTransport& operator=(const InprocTransport&) = delete;
 
  private:
+  // After an abort: returns once no peer reads this rank's send buffers any more. Each peer's
+  // mu is taken once, so a peer that saw the fabric not aborted under its mu has raised
+  // `reading` by then, and one that takes its mu later sees the abort and reads nothing.
+  void quiesce() const {
+    for (int p = 0; p < f_.size(); ++p) {
+      std::lock_guard<std::mutex> lk(f_.box(p).mu);
+    }
+    std::unique_lock<std::mutex> lk(me_.mu);
+    me_.cv.wait(lk, [&] { return me_.reading.load(std::memory_order_acquire) == 0; });
+  }
+  void rethrow_if_aborted() const {
+    if (f_.aborted()) rethrow();
+  }
+
   static InprocFabric& check_rank(InprocFabric& f, int rank) {
     if (rank < 0 || rank >= f.size()) {
       throw ConfigError("InprocTransport: rank " + std::to_string(rank) +
@@ -208,7 +237,7 @@ class InprocTransport {
 
   Request post_recv(int peer, void* dst, const void* local, std::size_t bytes, const ReduceSpec& rs,
                     const Signature& sig) {
-    f_.rethrow_if_aborted();
+    rethrow_if_aborted();
     const auto p = static_cast<std::size_t>(peer);
     recvq_[p].push_back(
         {static_cast<std::byte*>(dst), static_cast<const std::byte*>(local), bytes, rs, sig});
@@ -225,26 +254,40 @@ class InprocTransport {
   // Consumes every matched message: copy or reduce out of the sender's buffer, then complete
   // the sender's request.
   void progress() {
-    f_.rethrow_if_aborted();
+    rethrow_if_aborted();
     if (pending_recvs_ == 0) return;
     for (int p = 0; p < size(); ++p) {
       auto& q = recvq_[static_cast<std::size_t>(p)];
       while (!q.empty()) {
         InprocFabric::Send s;
+        auto& sender = f_.box(p);
+        bool aborted = false;
         {
           std::lock_guard<std::mutex> lk(me_.mu);
           auto& in = me_.inbound[static_cast<std::size_t>(p)];
           if (in.empty()) break;
-          s = in.front();
-          in.pop_front();
+          // Once aborted, the sender may be on its way out (quiesce): read nothing of it.
+          aborted = f_.aborted_.load();
+          if (!aborted) {
+            s = in.front();
+            in.pop_front();
+            sender.reading.fetch_add(1, std::memory_order_relaxed);
+          }
         }
+        if (aborted) rethrow();
         const PendingRecv& r = q.front();
         if (s.sig != r.sig || s.bytes != r.bytes) {
+          {
+            std::lock_guard<std::mutex> lk(sender.mu);
+            sender.reading.fetch_sub(1, std::memory_order_release);
+          }
+          sender.cv.notify_all();
           const MismatchError e("in-process: rank " + std::to_string(p) + " sent " +
                                 std::to_string(s.bytes) + " bytes of " + s.sig.describe() +
                                 ", rank " + std::to_string(rank_) + " expected " +
                                 std::to_string(r.bytes) + " bytes of " + r.sig.describe());
           f_.abort(e);
+          quiesce();
           throw e;
         }
         if (r.local != nullptr) {
@@ -256,12 +299,12 @@ class InprocTransport {
         --pending_recvs_;
         ++recvs_done_[static_cast<std::size_t>(p)];
         ++recv_completions_;
-        auto& sender = f_.box(p);
         {
           std::lock_guard<std::mutex> lk(sender.mu);
           sender.sends_done[static_cast<std::size_t>(rank_)].fetch_add(1,
                                                                        std::memory_order_release);
           sender.send_completions.fetch_add(1, std::memory_order_release);
+          sender.reading.fetch_sub(1, std::memory_order_release);
         }
         sender.cv.notify_all();
       }
@@ -295,6 +338,7 @@ class InprocTransport {
       lk.unlock();
       const TimeoutError e("in-process rank " + std::to_string(rank_) + " timed out");
       f_.abort(e);
+      quiesce();
       throw e;
     }
   }
