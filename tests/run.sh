@@ -9,8 +9,9 @@
 # CI_FUZZ_SECONDS (default 0: each libFuzzer target in CTest, label "fuzz", replays its corpus and
 # runs a fixed number of inputs from a fixed seed; N > 0 runs each for N seconds instead),
 # KOLO_CI_SANITIZERS (default 1: after the main tests, build and run the CI-sized ASan+UBSan and
-# TSan suites of CMakePresets.json (asan-ci, tsan-ci: the multi-process suite and the in-process
-# algorithm matrix, about 20 min together on 2 cores) in build-asan and build-tsan; 0 skips them).
+# TSan suites of CMakePresets.json (asan-ci, tsan-ci: the compiled core and the multi-process,
+# engine and in-process algorithm suites built on it, the optimizer, launcher and soak tests) in
+# build-asan and build-tsan; 0 skips them).
 # With the sanitizers on, the exit code is the first non-zero of the main run and the suites.
 set -euo pipefail
 

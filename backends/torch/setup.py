@@ -31,11 +31,18 @@ want_cuda = os.environ.get("KOLO_TORCH_CUDA", "0")
 if want_cuda not in ("0", "1", ""):
     raise RuntimeError(f"kolo-torch: KOLO_TORCH_CUDA={want_cuda!r}: use 1 (the CUDA build) or 0")
 
+# No debug information unless CFLAGS asks for it (-g): Python's own build flags carry -g, which
+# for a file that includes torch's headers cost 1.6 times the compile time (97 s of CPU against
+# 62 s on a 2-core machine) and made the module 15 times larger (19 MB against 1.3 MB).
+compile_args = ["-std=c++20", "-O2", "-Wall", "-Wno-unused-parameter"]
+if not any(f.startswith("-g") for f in os.environ.get("CFLAGS", "").split()):
+    compile_args.append("-g0")
+
 kwargs = dict(
     name="kolo_torch._C",
     sources=["csrc/kolo_backend.cpp"],
     include_dirs=[os.path.abspath(kolo_include), os.path.join(here, "csrc")],
-    extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Wno-unused-parameter"],
+    extra_compile_args=compile_args,
     libraries=["crypto"],
 )
 
