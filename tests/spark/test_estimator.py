@@ -424,7 +424,7 @@ def test_model_save_load_round_trip(spark, fitted, spiral_df, tmp_path):
     assert loaded.getOutputCols() == ["logits"]
     assert loaded.getFeatureCols() == ["xy"] and loaded.getLabelCols() == ["label"]
     assert loaded.history == model.history
-    assert loaded.getRunId() == "spirals2"
+    assert loaded.getRunId() == "spirals4"
     for got, want in zip(loaded.getModel().state_dict().values(),
                          model.getModel().state_dict().values()):
         assert torch.equal(got, want)
