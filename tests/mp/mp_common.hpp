@@ -46,6 +46,14 @@ inline kolo::Communicator<>& comm() {
 }
 #endif
 
+// Called by mp_main.cpp before the first test case; each program's test file defines it once
+// with KOLO_TEST_DEFINE_CONNECT (mp_main.cpp itself stays free of the communicator).
+void connect_before_tests();
+#define KOLO_TEST_DEFINE_CONNECT           \
+  void kolo_test::connect_before_tests() { \
+    static_cast<void>(kolo_test::comm());  \
+  }
+
 template <class T>
 constexpr bool is_half_v = std::is_same_v<T, kolo::float16> || std::is_same_v<T, kolo::bfloat16>;
 

@@ -26,6 +26,8 @@ using kolo::ReduceOp;
 using kolo::TensorView;
 using namespace kolo_test;
 
+KOLO_TEST_DEFINE_CONNECT
+
 namespace {
 
 const std::size_t kCounts[] = {0, 1, 7, 1000, 1048579};

@@ -21,6 +21,8 @@ using kolo::ReduceOp;
 using kolo::TensorView;
 using namespace kolo_test;
 
+KOLO_TEST_DEFINE_CONNECT
+
 namespace {
 
 const std::size_t kCounts[] = {0, 1, 7, 1000, 70001};  // 70001: above reduce's tree threshold
