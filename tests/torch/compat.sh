@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/torch/compat.sh — kolo_torch's C++ source against the headers of another torch release:
-# compiles backends/torch/csrc/kolo_backend.cpp (-fsyntax-only, the CPU build and, where the CUDA
+# compiles backends/torch/csrc/kolo_backend.cpp (-fsyntax-only, the CPU build or, where the CUDA
 # toolkit and NCCL's header are, the CUDA build) with the include paths and flags torch's
 # extension builder uses. The other suites build and run the plugin on the pinned torch
 # (tests/requirements-py.txt); this checks the oldest supported one (docs/torch.md) without
@@ -44,8 +44,15 @@ z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("torch/includ
       "$tmp"/torch-*.whl "$cache/$v"
     rm -rf "$tmp"
   fi
+  # The CUDA build's text is the CPU build's plus the CUDA paths (the CPU build's own branches
+  # are stubs that use nothing of torch: `class CudaPath {}`, `return false`), so where the
+  # toolkit and NCCL's header are, the CUDA build alone is checked (KOLO_TORCH_COMPAT_BOTH=1
+  # checks both); elsewhere the CPU build.
   variants=(cpu)
-  if [[ -f $cuda/include/cuda_runtime_api.h && -n $nccl_inc ]]; then variants+=(cuda); fi
+  if [[ -f $cuda/include/cuda_runtime_api.h && -n $nccl_inc ]]; then
+    variants=(cuda)
+    [[ ${KOLO_TORCH_COMPAT_BOTH:-0} == 1 ]] && variants=(cpu cuda)
+  fi
   for variant in "${variants[@]}"; do
     extra=()
     [[ $variant == cuda ]] && extra=(-DKOLO_TORCH_CUDA=1 -isystem "$nccl_inc" -isystem "$cuda/include")
