@@ -35,7 +35,10 @@
 #include <thread>
 #include <vector>
 
-#include <kolo/kolo.hpp>
+#include <kolo/core/deadline.hpp>
+#include <kolo/core/error.hpp>
+#include <kolo/net/auth.hpp>
+#include <kolo/net/socket.hpp>
 
 #ifndef KOLO_RUN_EXE
 #error "KOLO_RUN_EXE (path of kolo-run) must be defined by the build"

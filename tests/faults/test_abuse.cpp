@@ -15,7 +15,10 @@
 //   authenticated abuse   a client that knows the secret but breaks the store protocol: a 4 GiB
 //                         length, a maximal frame left unfinished, truncated frames, a string
 //                         overrunning its frame, an unknown op.
+#include <optional>
+
 #include "harness.hpp"
+#include "kolo/topology/store.hpp"
 
 using namespace kolo_faults;
 

@@ -9,7 +9,11 @@
 // writes the hostile bytes. Forked before any thread exists, so the child is an ordinary
 // single-threaded process; the store starts in the parent after the fork.
 #include "harness.hpp"
+#include "kolo/topology/bootstrap.hpp"
 #include "kolo/topology/store.hpp"
+#include "kolo/topology/topology.hpp"
+#include "kolo/transport/mesh.hpp"
+#include "kolo/transport/mesh/frame_codec.hpp"
 
 using namespace kolo_faults;
 
