@@ -15,6 +15,11 @@
 # (user + sys), the load before and after, the `-H` include counts of <kolo/kolo.hpp>, and the
 # size of the b program linked statically (-static) both ways, stripped.
 #
+# PCH=1 in the environment adds two modes, header-only+pch and core+pch: <kolo/kolo.hpp> and
+# <kolo/engine/engine.hpp> precompiled once per mode (g++ -x c++-header, the same flags; the
+# one-time cost is printed) and each file compiled with -include of it, as CMake's
+# target_precompile_headers does.
+#
 # With BASE_TREE and BASE_BUILD_DIR (another checkout, e.g. the previous commit, and its build
 # with kolo_lib built), the same cases of that tree run interleaved with this one's, in the same
 # run: the "before" and "after" of a change, with the same load.
@@ -74,16 +79,35 @@ base_inc=()
 [[ -z "$base_tree" ]] || base_inc=(-I"$base_tree/include" -I"$base_tree/backends/spark/include")
 modes=(header-only core)
 [[ -z "$base_tree" ]] || modes=(base-header-only base-core header-only core)
+[[ "${PCH:-0}" != 1 ]] || modes+=(header-only+pch core+pch)
 flags=(-std=c++20 -O2 -DNDEBUG)
 libs=(-lcrypto -pthread -lrt)
-mode_flags() { if [[ "$1" == *core ]]; then echo "-DKOLO_COMPILED_CORE"; fi; }
+mode_flags() {
+  if [[ "${1%+pch}" == *core ]]; then echo "-DKOLO_COMPILED_CORE"; fi
+  # -Winvalid-pch as an error: a precompiled header that cannot be used fails the run instead
+  # of being parsed silently.
+  if [[ "$1" == *+pch ]]; then echo "-Winvalid-pch -Werror=invalid-pch -include $work/pch-$1/kolo_pch.hpp"; fi
+}
 mode_libs() {
-  if [[ "$1" == core ]]; then echo "$lib"; fi
+  if [[ "${1%+pch}" == core ]]; then echo "$lib"; fi
   if [[ "$1" == base-core ]]; then echo "$base_build/src/lib/libkolo.a"; fi
 }
 mode_inc() { if [[ "$1" == base-* ]]; then echo "${base_inc[@]}"; else echo "${inc[@]}"; fi; }
 
 echo "compiler: $("$cxx" --version | head -1)"
+for mode in "${modes[@]}"; do
+  [[ "$mode" == *+pch ]] || continue
+  mkdir -p "$work/pch-$mode"
+  printf '#include <kolo/kolo.hpp>\n#include <kolo/engine/engine.hpp>\n' > "$work/pch-$mode/kolo_pch.hpp"
+  core_flag=""
+  [[ "${mode%+pch}" != core ]] || core_flag="-DKOLO_COMPILED_CORE"
+  # shellcheck disable=SC2086
+  /usr/bin/time -f "%e %U %S" -o "$work/t" "$cxx" "${flags[@]}" "${inc[@]}" $core_flag \
+    -pthread -x c++-header "$work/pch-$mode/kolo_pch.hpp" -o "$work/pch-$mode/kolo_pch.hpp.gch"
+  read -r w u s < "$work/t"
+  echo "precompiling the header ($mode, once): ${w} s wall, $(python3 -c "print(f'{$u + $s:.2f}')") s CPU," \
+       "$(stat -c %s "$work/pch-$mode/kolo_pch.hpp.gch") bytes"
+done
 echo "cpus: $(nproc); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 results="$work/results.txt"
 : > "$results"
@@ -106,6 +130,7 @@ modes = sys.argv[3:]
 names = {"a": "empty file + <kolo/kolo.hpp>", "b": "allreduce + broadcast",
          "c": "allreduce + broadcast + Engine"}
 title = {"header-only": "header-only", "core": "compiled core",
+         "header-only+pch": "header-only + PCH", "core+pch": "compiled core + PCH",
          "base-header-only": "base header-only", "base-core": "base compiled core"}
 print(f"compile + link at -O2, {sys.argv[2]} runs each (wall s: median / worst; cpu s: median)")
 print("| file | " + " | ".join(f"{title[m]} wall" for m in modes) + " | " +
