@@ -112,8 +112,11 @@ if(MODE STREQUAL "install")
   list(APPEND consumer_options -DKOLO_CONSUME=package "-DCMAKE_PREFIX_PATH=${prefix}"
        "-DKOLO_EXPECTED_PREFIX=${prefix}" -DKOLO_BUILD_MPI_CONSUMER=${EXPECT_MPI})
 elseif(MODE STREQUAL "subdirectory")
+  # A project that builds everything as unity builds (CMAKE_UNITY_BUILD): the consumer's files and
+  # kolo's own targets become unity sources, except the compiled core's objects, which opt out
+  # (checked after the build).
   list(APPEND consumer_options -DKOLO_CONSUME=subdirectory "-DKOLO_SOURCE_DIR=${KOLO_SOURCE_DIR}"
-       ${kolo_options})
+       -DCMAKE_UNITY_BUILD=ON ${kolo_options})
 elseif(MODE STREQUAL "fetchcontent_source_dir")
   list(APPEND consumer_options -DKOLO_CONSUME=fetchcontent "-DKOLO_SOURCE_DIR=${KOLO_SOURCE_DIR}"
        ${kolo_options})
@@ -140,6 +143,15 @@ step("configure consumer" "${CMAKE_COMMAND}" -S "${CONSUMER_SOURCE_DIR}" -B "${c
      ${common_options} ${consumer_options} -DKOLO_EXPECT_MPI=${EXPECT_MPI})
 message(STATUS "${step_output}")
 step("build consumer" "${CMAKE_COMMAND}" --build "${consumer_build}")
+if(MODE STREQUAL "subdirectory")
+  if(NOT EXISTS "${consumer_build}/CMakeFiles/kolo_consumer.dir/Unity")
+    message(FATAL_ERROR "[subdirectory] CMAKE_UNITY_BUILD=ON did not make the consumer a unity build")
+  endif()
+  if(EXISTS "${consumer_build}/kolo/src/lib/CMakeFiles/kolo_lib_objects.dir/Unity")
+    message(FATAL_ERROR "[subdirectory] kolo's compiled core was built as a unity build; "
+                        "kolo_lib_objects must opt out (UNITY_BUILD OFF, src/lib/CMakeLists.txt)")
+  endif()
+endif()
 step("run consumer" "${consumer_build}/kolo_consumer")
 message(STATUS "${step_output}")
 if(NOT step_output MATCHES "kolo consumer \\(")
