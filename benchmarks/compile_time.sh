@@ -115,8 +115,8 @@ for ((i = 1; i <= repeats; ++i)); do
   for f in a b c; do
     for mode in "${modes[@]}"; do
       # shellcheck disable=SC2046
-      /usr/bin/time -f "$f $mode %e %U %S" -o "$work/t" "$cxx" "${flags[@]}" $(mode_inc $mode) \
-        $(mode_flags $mode) "$work/$f.cpp" -o "$work/$f-$mode" $(mode_libs $mode) "${libs[@]}"
+      /usr/bin/time -f "$f $mode %e %U %S" -o "$work/t" "$cxx" "${flags[@]}" $(mode_inc "$mode") \
+        $(mode_flags "$mode") "$work/$f.cpp" -o "$work/$f-$mode" $(mode_libs "$mode") "${libs[@]}"
       cat "$work/t" >> "$results"
     done
   done
