@@ -145,7 +145,8 @@ message(STATUS "${step_output}")
 step("build consumer" "${CMAKE_COMMAND}" --build "${consumer_build}")
 if(MODE STREQUAL "subdirectory")
   if(NOT EXISTS "${consumer_build}/CMakeFiles/kolo_consumer.dir/Unity")
-    message(FATAL_ERROR "[subdirectory] CMAKE_UNITY_BUILD=ON did not make the consumer a unity build")
+    message(FATAL_ERROR "[subdirectory] CMAKE_UNITY_BUILD=ON did not make the consumer a "
+                        "unity build")
   endif()
   if(EXISTS "${consumer_build}/kolo/src/lib/CMakeFiles/kolo_lib_objects.dir/Unity")
     message(FATAL_ERROR "[subdirectory] kolo's compiled core was built as a unity build; "
