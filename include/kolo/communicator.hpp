@@ -377,6 +377,20 @@ class Communicator {
   // and a dead peer fails every group that contains it). The parent may be destroyed first.
   std::optional<Communicator> split(int color, int key);
 
+  // ---- errors of the layers above ----
+  // Refuses this rank's next collective call with `e` (a ConfigError for an argument the
+  // caller checked itself, say), as if the call had failed inside the communicator: every call
+  // before it completes on every rank with its result, and each peer's matching call (the same
+  // collective call number) fails with `e` — at once when the peer is already in it, when it
+  // begins it otherwise; the peers name this rank as the origin. Does not throw: the caller
+  // throws its own error after it. For layers that check a call's arguments before handing it
+  // over (the C ABI, kolo_torch). Nothing happens when the communicator has already failed.
+  void refuse(const Error& e) {
+    if (size() == 1) return;
+    begin_call(seq_ + 1);
+    if (!transport_->aborted()) transport_->abort(e);
+  }
+
  private:
   // Partially overlapping input and output give wrong results silently in any algorithm that
   // reads one while writing the other: refuse them, naming both ranges. `in_place` is the one
@@ -434,17 +448,38 @@ class Communicator {
   void run_allgather(const void* in, void* out, std::span<const std::size_t> counts,
                      std::size_t elem_size, const AlgoOptions& opt);
 
+  // The rooted collectives' entry agreement (broadcast, scatter, gather, the tree reduce). In
+  // them a rank can finish without hearing from every other rank (a broadcast's root only sends,
+  // a gather's senders only send), so a call refused on one rank could complete on another. A
+  // zero-byte dissemination barrier stamped with the call's own signature, run before any data
+  // moves, makes every rank's return depend on every rank having accepted the call (and catches
+  // a different count or root at the first exchange): ceil(log2 N) zero-byte rounds. Only on
+  // transports that order errors by call (the mesh); elsewhere a peer's error fails whatever
+  // call runs anyway.
+  void agree(const AlgoOptions& opt) {
+    if constexpr (OrderedErrors<T>) {
+      if (size() > 1) barrier_dissemination(*transport_, opt);
+    }
+  }
+
+  // Tells the transport that this rank begins collective call `seq` (transport.hpp,
+  // OrderedErrors): a peer's error of a later call is held until then.
+  void begin_call(std::uint64_t seq) {
+    if constexpr (OrderedErrors<T>) transport_->begin_call(seq);
+  }
+
   template <class Body>
   void run(Collective c, DataType dtype, ReduceOp op, std::size_t count, int root,
            std::uint64_t extra, Body&& body) {
-    if (transport_->aborted()) transport_->rethrow();
     AlgoOptions opt;
+    opt.sig.seq = ++seq_;
+    begin_call(opt.sig.seq);
+    if (transport_->aborted()) transport_->rethrow();
     opt.sig.collective = c;
     opt.sig.dtype = dtype;
     opt.sig.op = op;
     opt.sig.root = root;
     opt.sig.count = count;
-    opt.sig.seq = ++seq_;
     opt.sig.extra = extra;
     opt.deadline = Deadline::lazy(transport_->timeout_seconds());  // no clock read unless it waits
     opt.segment_bytes = opts_.segment_bytes;
@@ -814,12 +849,11 @@ void Communicator<T>::check_buffer(const std::shared_ptr<detail::SharedRegion>& 
               std::to_string(want);
   }
   if (problem.empty()) return;
-  // As any argument error of a collective: the other ranks get it too instead of waiting.
+  // As any argument error of a collective: the other ranks' matching call fails too instead of
+  // waiting (an earlier error of this communicator is thrown instead, as run() would).
   const ConfigError err(std::string(what) + ": " + problem);
-  if (size() > 1) {
-    transport_->abort(err);
-    if (transport_->aborted()) transport_->rethrow();
-  }
+  if (transport_->aborted()) transport_->rethrow();
+  refuse(err);
   throw err;
 }
 
@@ -984,6 +1018,7 @@ void Communicator<T>::broadcast(TensorView data, int root) {
         if constexpr (HasNativeBroadcast<T>) {
           if (transport_->native_broadcast(data.data, data.count, data.dtype, root, opt)) return;
         }
+        agree(opt);
         BroadcastArgs a;
         a.data = data.data;
         a.nbytes = data.bytes();
@@ -1079,6 +1114,7 @@ void Communicator<T>::reduce(TensorView in, TensorView out, ReduceOp op, int roo
     }
     const std::size_t bytes = in.bytes();
     if (bytes <= kRootedTreeBytes || size() <= 2) {
+      agree(opt);
       reduce_binomial(*transport_, in.data, is_root ? out.data : nullptr, in.count, in.dtype, op,
                       root, scratch_, opt);
       return;
@@ -1108,6 +1144,7 @@ void Communicator<T>::gather(TensorView in, TensorView out, int root) {
       check_overlap("gather", in, out,
                     out.byte_data() + static_cast<std::size_t>(root) * in.bytes());
     }
+    agree(opt);
     gather_direct(*transport_, in.data, out.data, in.bytes(), root, opt);
   });
 }
@@ -1129,6 +1166,7 @@ void Communicator<T>::scatter(TensorView in, TensorView out, int root) {
           check_overlap("scatter", out, in,
                         in.byte_data() + static_cast<std::size_t>(root) * out.bytes());
         }
+        agree(opt);
         scatter_direct(*transport_, in.data, out.data, out.bytes(), root, opt);
       });
 }

@@ -8,8 +8,9 @@
 // Two rules hold for every function below:
 //   - no exception leaves it (each body runs inside guard(), which catches everything);
 //   - an argument error inside a collective must reach the other ranks, as kolo's own argument
-//     errors do: the C-side checks of a collective abort the communicator's transport with the
-//     same ConfigError, so the peers fail at once instead of waiting for a deadline.
+//     errors do: the C-side checks of a collective refuse the call through the communicator
+//     with the same ConfigError, so the peers' matching call fails at once instead of waiting
+//     for a deadline (and none of their earlier calls does).
 #include "kolo/c/kolo.h"
 
 #include <cstddef>
@@ -135,9 +136,10 @@ Comm& comm_of(kolo_comm_t c) {
   return c->comm;
 }
 
-// The C-side checks of a collective's arguments. A failure aborts the communicator with the
-// same message, so that the other ranks' matching call fails too (KOLO_ERR_INVALID_ARGUMENT
-// naming this rank) instead of waiting for this one until the deadline.
+// The C-side checks of a collective's arguments. A failure is refused through the communicator
+// (Communicator::refuse) with the same message, so that the other ranks' matching call fails
+// too (KOLO_ERR_INVALID_ARGUMENT naming this rank) instead of waiting for this one until the
+// deadline, while their earlier calls still complete.
 void check_collective(Comm& comm, const char* fn, std::optional<kolo_dtype_t> dtype,
                       std::optional<kolo_op_t> op) {
   std::string why;
@@ -151,7 +153,7 @@ void check_collective(Comm& comm, const char* fn, std::optional<kolo_dtype_t> dt
   if (why.empty()) return;
   const std::string what =
       why + " (passed to " + fn + " on rank " + std::to_string(comm.rank()) + ")";
-  if (!comm.transport().aborted()) comm.transport().abort(kolo::ConfigError(what));
+  comm.refuse(kolo::ConfigError(what));  // the peers' matching call fails, not an earlier one
   throw InvalidArgument{why};
 }
 

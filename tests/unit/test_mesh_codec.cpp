@@ -217,10 +217,11 @@ TEST_CASE("frame codec: a frame for a receive not yet posted waits in the buffer
   CHECK(dst == src);
 }
 
-TEST_CASE("frame codec: an ABORT round trip keeps kind, origin and reason") {
+TEST_CASE("frame codec: an ABORT round trip keeps kind, origin, call and reason") {
   const std::string reason("a\0b\x01 and more", 13);
-  const auto frame = kolo::detail::encode_abort_frame(kolo::ErrorKind::mismatch, 3, reason);
-  CHECK(frame.size() == 8 + 8 + reason.size());
+  const auto frame =
+      kolo::detail::encode_abort_frame(kolo::ErrorKind::mismatch, 3, reason, 0x1234567890ULL);
+  CHECK(frame.size() == 8 + 16 + reason.size());
   // Between messages, with no receive posted: an ABORT is parsed all the same.
   FrameDecoder dec(1, 0);
   std::vector<StreamOp> none;
@@ -229,18 +230,19 @@ TEST_CASE("frame codec: an ABORT round trip keeps kind, origin and reason") {
   CHECK(dec.abort().kind == kolo::ErrorKind::mismatch);
   CHECK(dec.abort().origin == 3);
   CHECK(dec.abort().reason == reason);
+  CHECK(dec.abort().seq == 0x1234567890ULL);  // the call it belongs to (0: none in particular)
   // What the receiving rank throws: control bytes shown as '?', and the origin tagged.
   CHECK(dec.abort().message() == "a?b? and more [reported by rank 3]");
   // The encoder cuts long reasons; a forwarded (already tagged) reason is not tagged twice.
   const auto big =
       kolo::detail::encode_abort_frame(kolo::ErrorKind::timeout, 0, std::string(10000, 'x'));
-  CHECK(big.size() == 16 + kolo::detail::kMaxAbortReason);
+  CHECK(big.size() == 24 + kolo::detail::kMaxAbortReason);
   const kolo::detail::RemoteAbort fwd{kolo::ErrorKind::timeout, 2, "late [reported by rank 0]"};
   CHECK(fwd.message() == "late [reported by rank 0]");
 }
 
 TEST_CASE("frame codec: an ABORT queued at a frame boundary can be peeked after a failed send") {
-  const auto frame = kolo::detail::encode_abort_frame(kolo::ErrorKind::peer_lost, 5, "gone");
+  const auto frame = kolo::detail::encode_abort_frame(kolo::ErrorKind::peer_lost, 5, "gone", 9);
   FrameDecoder dec(1, 0);
   CHECK(!dec.queued_abort());
   auto room = dec.buffer_space();
@@ -255,6 +257,7 @@ TEST_CASE("frame codec: an ABORT queued at a frame boundary can be peeked after 
   CHECK(a->kind == kolo::ErrorKind::peer_lost);
   CHECK(a->origin == 5);
   CHECK(a->reason == "gone");
+  CHECK(a->seq == 9);
 }
 
 TEST_CASE("frame codec: malformed frames are errors that name the peer") {

@@ -113,3 +113,38 @@ TEST_CASE("shm channel: the first small message through every slot takes no page
     CHECK_MESSAGE(faults <= 2, "minor faults over the first " << 2 * g.slots << " messages");
   }
 }
+
+TEST_CASE("shm channel: the abort record keeps the earliest call's error") {
+  Pair p("kolo-test-abort-record", ShmGeometry{2, 4096});
+  CHECK(!p.seg[1].abort_posted());
+  // Rank 0 tells rank 1 of an error of call 7, then of call 9: the record keeps call 7's.
+  p.ch[0].post_abort(kolo::ErrorKind::config, 0, "call seven", 7);
+  REQUIRE(p.seg[1].abort_posted());
+  const std::uint32_t first = p.seg[1].abort_serial();
+  p.ch[0].post_abort(kolo::ErrorKind::mismatch, 0, "call nine", 9);
+  CHECK(p.seg[1].abort_serial() == first);
+  auto a = p.seg[1].abort_record();
+  REQUIRE(a);
+  CHECK(a->seq == 7);
+  CHECK(a->reason == "call seven");
+  CHECK(a->kind == kolo::ErrorKind::config);
+  // An error of an earlier call replaces it (and the serial says the record changed); the same
+  // call again does not.
+  p.ch[0].post_abort(kolo::ErrorKind::timeout, 2, "call three", 3);
+  CHECK(p.seg[1].abort_serial() != first);
+  a = p.seg[1].abort_record();
+  REQUIRE(a);
+  CHECK(a->seq == 3);
+  CHECK(a->origin == 2);
+  CHECK(a->reason == "call three");
+  p.ch[0].post_abort(kolo::ErrorKind::config, 1, "call three again", 3);
+  a = p.seg[1].abort_record();
+  REQUIRE(a);
+  CHECK(a->reason == "call three");
+  // 0 ("no call in particular") is the earliest of all.
+  p.ch[0].post_abort(kolo::ErrorKind::peer_lost, 0, "now", 0);
+  a = p.seg[1].abort_record();
+  REQUIRE(a);
+  CHECK(a->seq == 0);
+  CHECK(a->reason == "now");
+}

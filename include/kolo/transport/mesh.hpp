@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -215,20 +216,43 @@ class MeshTransport {
   [[noreturn]] void rethrow() const { throw_error(error_kind_, error_what_); }
 
   // Records err as this transport's fatal error and tells every peer (best effort, bounded).
+  // The error belongs to the call this rank is in (begin_call), or, forwarded, to the call of
+  // the rank where it happened: the peers still inside an earlier call finish that one first.
   void abort(const Error& err) {
     if (aborted_) return;
     aborted_ = true;
     error_kind_ = err.kind();
     error_what_ = err.what();
     const int origin = abort_origin_ >= 0 ? abort_origin_ : rank_;
+    const std::uint64_t seq = abort_origin_ >= 0 ? abort_seq_ : call_seq_;
     const std::string reason = err.what();
     for (Peer& peer : peers_) {
       if (peer.route == Route::shm) {
-        peer.shm.post_abort(err.kind(), origin, reason);
+        peer.shm.post_abort(err.kind(), origin, reason, seq);
       } else if (peer.route == Route::tcp && peer.tcp.valid() && !peer.tcp.closed()) {
         const detail::StreamOp* in_flight =
             peer.sendq.empty() ? nullptr : &pool_[peer.sendq.front()];
-        peer.tcp.send_abort(in_flight, err.kind(), origin, reason);
+        peer.tcp.send_abort(in_flight, err.kind(), origin, reason, seq);
+      }
+    }
+  }
+
+  // The ordering of errors (transport.hpp, OrderedErrors): the communicator numbers its
+  // collective calls (Signature::seq) and says when this rank begins call `seq`. A peer's error
+  // that belongs to a later call than the one this rank is in is held, not thrown: this rank
+  // finishes its call (the failing rank completed it, so everything this rank needs of it has
+  // been sent), and the held error becomes this transport's error when this rank begins that
+  // later call, so the call that caused an error is the one that fails on every rank. After
+  // begin_call, aborted() says whether the call may run.
+  void begin_call(std::uint64_t seq) {
+    call_seq_ = seq;
+    if (!aborted_ && held_ && held_->seq <= seq) {
+      const detail::RemoteAbort a = *held_;
+      held_.reset();
+      try {
+        throw_remote(a);
+      } catch (const Error& e) {
+        abort(e);
       }
     }
   }
@@ -356,13 +380,27 @@ class MeshTransport {
 
   void check_abort_flag() {
     if (interrupt_state_.load(std::memory_order_acquire) == 2) throw Error(interrupt_why_);
-    if (own_.abort_posted()) throw_remote(own_.abort_record());
+    if (own_.abort_posted() && own_.abort_serial() != seen_abort_serial_) {
+      const std::uint32_t serial = own_.abort_serial();
+      if (const auto a = own_.abort_record()) {  // else torn by a peer rewriting it: next pass
+        seen_abort_serial_ = serial;
+        remote_abort(*a);
+      }
+    }
+  }
+
+  // Another rank's error: thrown now if it belongs to the call this rank is in (or an earlier
+  // one, or none in particular), held until begin_call reaches its call otherwise.
+  void remote_abort(const detail::RemoteAbort& a) {
+    if (a.seq == 0 || a.seq <= call_seq_) throw_remote(a);
+    if (!held_ || a.seq < held_->seq) held_ = a;  // the earliest call's error is the one named
   }
 
   // Another rank's error, thrown here as the same exception class (and forwarded by abort()
-  // with its origin kept).
+  // with its origin and call kept).
   [[noreturn]] void throw_remote(const detail::RemoteAbort& a) {
     abort_origin_ = a.origin;
+    abort_seq_ = a.seq;
     throw_error(a.kind, a.message());
   }
 
@@ -453,7 +491,7 @@ class MeshTransport {
     if (stop == Stop::closed) {
       tcp_closed(peer, p);  // EOF or reset: an error only if an operation still needs this peer
     } else if (stop == Stop::abort) {
-      throw_remote(peer.tcp.abort_received());
+      remote_abort(peer.tcp.abort_received());  // the stream's data before it was all read
     }
   }
 
@@ -591,6 +629,10 @@ class MeshTransport {
   ErrorKind error_kind_ = ErrorKind::generic;
   std::string error_what_;
   int abort_origin_ = -1;
+  std::uint64_t abort_seq_ = 0;              // the call of a forwarded error (with abort_origin_)
+  std::uint64_t call_seq_ = 0;               // the collective call this rank is in (begin_call)
+  std::optional<detail::RemoteAbort> held_;  // a peer's error of a later call (remote_abort)
+  std::uint32_t seen_abort_serial_ = 0;      // the abort record's write last read
   // interrupt(): 0 none, 1 being set, 2 set (interrupt_why_ written before)
   std::atomic<int> interrupt_state_{0};
   std::string interrupt_why_;

@@ -224,6 +224,10 @@ struct RemoteAbort {
   ErrorKind kind = ErrorKind::generic;
   int origin = -1;     // the rank where the error happened
   std::string reason;  // its what(), as it came off the wire
+  // The collective call it belongs to (Signature::seq of the call that failed at the origin);
+  // 0: no call in particular, fail whatever runs now. A rank still inside an earlier call
+  // finishes that call first (MeshTransport::begin_call).
+  std::uint64_t seq = 0;
 
   // The text this rank throws: the reason, with control bytes shown as '?' (it comes off the
   // wire: a NUL would cut what() short, losing the tag, and control bytes would garble logs),

@@ -33,12 +33,20 @@
 //    The ring over a list of tensors (Communicator::allreduce_coalesced, the engine's fused
 //    batches) needs it; without it those copy into one buffer first.
 //
+//  - OrderedErrors: `void begin_call(std::uint64_t seq)`. The communicator numbers its
+//    collective calls (Signature::seq, from 1) and calls this as each begins; the transport
+//    stamps an error with the call it belongs to and holds a peer's error of a later call until
+//    this rank begins that call, so that a call that completed on one rank completes on all and
+//    an error caused by call k+1 fails call k+1 everywhere (docs/reliability.md, "The error
+//    contract"). Without it a peer's error fails whatever call is running.
+//
 // `check_transport<T>()` states each requirement as its own static_assert, so a type that misses
 // one gets a one-line error naming the member, not a page of failed constraints.
 #pragma once
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <type_traits>
@@ -132,6 +140,12 @@ template <class T>
 concept Transport = PointToPoint<T> && Abortable<T>;
 
 // ---------------------------------------------------------------- optional layers
+
+// Errors ordered by collective call (see the list above).
+template <class T>
+concept OrderedErrors = requires(T& t, std::uint64_t seq) {
+  t.begin_call(seq);
+};
 
 template <class T>
 concept Connectable = requires(Bootstrap& boot, const typename T::Options& o,

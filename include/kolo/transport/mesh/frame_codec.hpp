@@ -64,18 +64,22 @@ inline constexpr std::size_t kDirectReadBytes = 16384;  // payloads from here on
 // An ABORT frame's content.
 using AbortFrame = RemoteAbort;
 
-// The bytes of an ABORT frame (the reason cut to kMaxAbortReason bytes).
+// The bytes of an ABORT frame (the reason cut to kMaxAbortReason bytes). Body: kind (int32),
+// origin (int32), the call it belongs to (uint64, RemoteAbort::seq), the reason.
+inline constexpr std::size_t kAbortFixedBytes = 16;
 inline std::vector<unsigned char> encode_abort_frame(ErrorKind kind, int origin,
-                                                     std::string_view reason) {
+                                                     std::string_view reason,
+                                                     std::uint64_t seq = 0) {
   const std::string_view body = reason.substr(0, kMaxAbortReason);
-  std::vector<unsigned char> frame(sizeof(FrameHeader) + 8 + body.size());
-  const FrameHeader h{kFrameAbort, static_cast<std::uint32_t>(8 + body.size())};
+  std::vector<unsigned char> frame(sizeof(FrameHeader) + kAbortFixedBytes + body.size());
+  const FrameHeader h{kFrameAbort, static_cast<std::uint32_t>(kAbortFixedBytes + body.size())};
   const auto k = static_cast<std::int32_t>(kind);
   const auto o = static_cast<std::int32_t>(origin);
   std::memcpy(frame.data(), &h, sizeof(h));
   std::memcpy(frame.data() + 8, &k, 4);
   std::memcpy(frame.data() + 12, &o, 4);
-  if (!body.empty()) std::memcpy(frame.data() + 16, body.data(), body.size());
+  std::memcpy(frame.data() + 16, &seq, 8);
+  if (!body.empty()) std::memcpy(frame.data() + 8 + kAbortFixedBytes, body.data(), body.size());
   return frame;
 }
 
@@ -342,7 +346,8 @@ class FrameDecoder {
     if (type_ != 0 || avail < sizeof(FrameHeader)) return std::nullopt;
     FrameHeader h;
     std::memcpy(&h, rx_.data() + beg_, sizeof(h));
-    if (h.type != kFrameAbort || h.len < 8 || avail < sizeof(h) + h.len) return std::nullopt;
+    if (h.type != kFrameAbort || h.len < kAbortFixedBytes || avail < sizeof(h) + h.len)
+      return std::nullopt;
     return decode_abort(reinterpret_cast<const char*>(rx_.data() + beg_ + sizeof(h)), h.len);
   }
 
@@ -383,10 +388,11 @@ class FrameDecoder {
   AbortFrame decode_abort(const char* body, std::size_t n) const {
     AbortFrame a;
     std::int32_t kind = 1, origin = peer_;
-    if (n >= 8) {
+    if (n >= kAbortFixedBytes) {
       std::memcpy(&kind, body, 4);
       std::memcpy(&origin, body + 4, 4);
-      a.reason.assign(body + 8, n - 8);
+      std::memcpy(&a.seq, body + 8, 8);
+      a.reason.assign(body + kAbortFixedBytes, n - kAbortFixedBytes);
     }
     a.kind = static_cast<ErrorKind>(kind);
     a.origin = origin;

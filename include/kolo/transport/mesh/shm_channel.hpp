@@ -19,6 +19,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -32,6 +33,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -59,10 +61,17 @@ struct alignas(64) ShmControl {
   std::atomic<std::uint32_t> sleeping;  // owner is (about to be) blocked in poll()
   std::atomic<std::int32_t> cpu;        // the CPU the owner last spun on; -1 not known
   std::uint32_t pad0[14];
-  std::atomic<std::uint32_t> aborted;  // 0 no, 1 being written, 2 ready to read
+  // The abort record peers write (post_abort): 0 none, 1 being written, 2 ready to read. A
+  // ready record is replaced only by one of an earlier call (a lower abort_seq), so the record
+  // holds the first failure in call order; abort_serial counts the writes, so that a reader sees
+  // a replaced record as new and can tell a read torn by a concurrent writer.
+  std::atomic<std::uint32_t> aborted;
   std::int32_t abort_kind;
   std::int32_t abort_origin;
   std::int32_t pid;
+  std::atomic<std::uint32_t> abort_serial;
+  std::uint32_t pad1;
+  std::uint64_t abort_seq;  // RemoteAbort::seq (0: at once)
   char reason[2048];
 };
 
@@ -185,9 +194,20 @@ class ShmSegment {
 
   // A peer's abort, once it is completely written (cheap: one acquire load when there is none).
   bool abort_posted() const { return ctrl_ && ctrl_->aborted.load(std::memory_order_acquire) == 2; }
-  RemoteAbort abort_record() const {
-    return {static_cast<ErrorKind>(ctrl_->abort_kind), ctrl_->abort_origin,
-            std::string(ctrl_->reason)};
+  // Which write of the record is there now (changes when a peer replaces it).
+  std::uint32_t abort_serial() const { return ctrl_->abort_serial.load(std::memory_order_acquire); }
+  // The record, if it could be read whole: nullopt when a peer is rewriting it right now (the
+  // caller looks again on its next pass).
+  std::optional<RemoteAbort> abort_record() const {
+    const std::uint32_t serial = abort_serial();
+    RemoteAbort a{static_cast<ErrorKind>(ctrl_->abort_kind), ctrl_->abort_origin,
+                  std::string(ctrl_->reason, ::strnlen(ctrl_->reason, sizeof(ctrl_->reason))),
+                  ctrl_->abort_seq};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (ctrl_->aborted.load(std::memory_order_acquire) != 2 || abort_serial() != serial) {
+      return std::nullopt;
+    }
+    return a;
   }
 
  private:
@@ -314,16 +334,29 @@ class ShmChannel {
     bell_.ring(force);
   }
 
-  // Writes err into the peer's abort record (unless someone already has) and rings.
-  void post_abort(ErrorKind kind, int origin, const std::string& reason) {
-    std::uint32_t expect = 0;
-    if (peer_ctrl_ && peer_ctrl_->aborted.compare_exchange_strong(expect, 1)) {
+  // Writes err into the peer's abort record and rings. A record already there stays unless
+  // this one belongs to an earlier call (seq lower; 0, "at once", is the lowest), so the peer
+  // reads the first failure in call order whichever rank wrote first. A writer that died while
+  // writing leaves the record "being written": after a bounded wait this one gives up on it.
+  void post_abort(ErrorKind kind, int origin, const std::string& reason, std::uint64_t seq) {
+    if (peer_ctrl_ == nullptr) return;
+    for (int tries = 0; tries < 10000; ++tries) {
+      std::uint32_t state = peer_ctrl_->aborted.load(std::memory_order_acquire);
+      if (state == 1) {
+        ::sched_yield();
+        continue;
+      }
+      if (state == 2 && peer_ctrl_->abort_seq <= seq) break;  // an earlier (or the same) call's
+      if (!peer_ctrl_->aborted.compare_exchange_strong(state, 1)) continue;
       peer_ctrl_->abort_kind = static_cast<std::int32_t>(kind);
       peer_ctrl_->abort_origin = origin;
+      peer_ctrl_->abort_seq = seq;
       const std::size_t n = std::min(reason.size(), sizeof(peer_ctrl_->reason) - 1);
       std::memcpy(peer_ctrl_->reason, reason.data(), n);
       peer_ctrl_->reason[n] = '\0';
+      peer_ctrl_->abort_serial.fetch_add(1, std::memory_order_release);
       peer_ctrl_->aborted.store(2, std::memory_order_release);
+      break;
     }
     ring(true);
   }

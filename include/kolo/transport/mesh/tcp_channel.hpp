@@ -151,8 +151,8 @@ class TcpChannel {
   // Tells the peer why this rank fails: finishes the frame in flight of `in_flight` (bounded), so
   // that the ABORT lands on a frame boundary, sends it and shuts the sending side down. Best
   // effort: if that fails, shuts both sides down (the peer at least sees that we are gone).
-  void send_abort(const StreamOp* in_flight, ErrorKind kind, int origin,
-                  const std::string& reason) noexcept {
+  void send_abort(const StreamOp* in_flight, ErrorKind kind, int origin, const std::string& reason,
+                  std::uint64_t seq) noexcept {
     const Deadline dl = Deadline::after(0.5);
     try {
       if (in_flight != nullptr && !enc_.frame_sent()) {
@@ -167,7 +167,7 @@ class TcpChannel {
         if (left > 0) throw Error("the message in flight holds fewer bytes than its frame");
         enc_.sent(hdr.size() + payload);
       }
-      const std::vector<unsigned char> frame = encode_abort_frame(kind, origin, reason);
+      const std::vector<unsigned char> frame = encode_abort_frame(kind, origin, reason, seq);
       net::send_all(fd_, frame.data(), frame.size(), dl, "peer");
       ::shutdown(fd_, SHUT_WR);
     } catch (...) {
