@@ -210,9 +210,12 @@ foreach(link kolo_lib kolo_lib_shared)
   endif()
 endforeach()
 
-# The C ABI from C, through kolo::kolo_c and kolo::kolo_c_static.
+# The C ABI from C, through kolo::kolo_c and kolo::kolo_c_static, without LD_LIBRARY_PATH:
+# from an installed prefix, the imported target's full path and the consumer's build-tree RPATH
+# find libkolo_c.so.
 foreach(link kolo_c kolo_c_static)
-  step("run C consumer (${link})" "${consumer_build}/kolo_consumer_${link}")
+  step("run C consumer (${link})" "${CMAKE_COMMAND}" -E env --unset=LD_LIBRARY_PATH
+       "${consumer_build}/kolo_consumer_${link}")
   message(STATUS "${step_output}")
   if(NOT step_output MATCHES "kolo C consumer \\([a-z_]+, ${link}\\): ok")
     message(FATAL_ERROR "[${MODE}] the C consumer (${link}) did not report success: ${step_output}")
@@ -233,9 +236,9 @@ if(MODE STREQUAL "install")
   step("compile with pkg-config" "${C_COMPILER}" -std=c11 -Wall -Wextra -Wpedantic -Werror
        "-DKOLO_CONSUMER_MODE=\"install\"" "-DKOLO_CONSUMER_LINK=\"pkg-config\""
        "${CONSUMER_SOURCE_DIR}/c_consumer.c" -o "${pc_exe}" ${pc_flags})
-  string(REGEX MATCH "-L([^;]+)" _ "${pc_flags}")
-  step("run C consumer (pkg-config)" "${CMAKE_COMMAND}" -E env
-       "LD_LIBRARY_PATH=${CMAKE_MATCH_1}" "${pc_exe}")
+  # No LD_LIBRARY_PATH: the .pc file's Libs carry an rpath to the relocated prefix's libdir.
+  step("run C consumer (pkg-config)" "${CMAKE_COMMAND}" -E env --unset=LD_LIBRARY_PATH
+       "${pc_exe}")
   message(STATUS "${step_output}")
   if(NOT step_output MATCHES "kolo C consumer \\(install, pkg-config\\): ok")
     message(FATAL_ERROR "[install] the pkg-config C consumer did not report success: "
