@@ -54,12 +54,20 @@ def rank_main(r, n, config):
     t = torch.ones(4)
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(3.0))
     check(torch.all(t == 3 * n), f"premul_sum {t}")
-    # unsupported op: a RuntimeError that names it
+    # unsupported op: a RuntimeError that names it. A refused call fails its group for good
+    # (docs/torch.md, "Errors"): on a group of its own.
+    refusing = dist.new_group(list(range(n)))
     try:
-        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BXOR)
+        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BXOR, group=refusing)
         raise AssertionError("BXOR on float accepted")
     except RuntimeError as e:
         check("BXOR" in str(e), str(e))
+    try:
+        dist.all_reduce(torch.ones(2), group=refusing)
+        raise AssertionError("a group that refused a call still runs collectives")
+    except RuntimeError as e:
+        check("BXOR" in str(e), str(e))
+    dist.destroy_process_group(refusing)
     # non-contiguous input: reduced in a contiguous copy, written back
     m = (torch.arange(12, dtype=torch.float32).reshape(3, 4) + r).t()
     check(not m.is_contiguous(), "test tensor is contiguous")

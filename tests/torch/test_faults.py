@@ -19,10 +19,23 @@ release   2 ranks: a sub-group used and destroyed (shutdown) leaves no thread, d
           never joins and aborts the group: abort() returns within 2 s (not the group's
           timeout), all three works raise, rank 1's calls on that group raise at once naming
           the abort, and again nothing is left behind.
+refused   3 ranks, KOLO_TIMEOUT_SECONDS=30: randomized trials, each on a fresh group. A random
+          rank makes a random number of correct collectives (all synchronous, or all queued
+          with async_op=True), then one call that kolo refuses (below); the others make the
+          correct form of that call. Every rank's earlier calls return the right values, the
+          refusing rank raises at the call, and each peer's matching call raises within 1 s of
+          the refusal (not at the 30 s timeout) with the refusing rank's message, tagged
+          "[reported by rank R]". The refusals: a uint16 tensor, BXOR on float32 or int32, a
+          list of the wrong length (all_gather; scatter's root), split sizes that do not add up
+          (all_to_all_single), a uint16 tensor on a broadcast's receiver (the root only sends)
+          — all refused by the backend before the call is queued — and
+          overlapping input and output (all_gather_into_tensor, reduce_scatter_tensor),
+          refused by kolo's communicator.
 """
 import datetime
 import gc
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -128,6 +141,8 @@ def rank_main(r, n, config):
         dist.destroy_process_group()
     if mode == "release":
         release_main(r, n)
+    if mode == "refused":
+        refused_main(r, n, config)
 
 
 def wait_for_file(path, limit=60):
@@ -259,6 +274,182 @@ def release_main(r, n):
     after = resources()
     assert after == base, (base, after)
     print(f"result: release: rank {r} after abort: {after}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# kind -> (what the refused call's message must contain, whether the backend refuses it before
+# queueing the call; else kolo's communicator does, inside the call)
+REFUSALS = {
+    "dtype": ("dtype UInt16 is not supported", True),
+    "op": ("ReduceOp.BXOR is not supported for", True),
+    "list": ("expects one output list of", True),
+    "scatter": ("the root expects one input list of", True),
+    "broadcast": ("dtype UInt16 is not supported", True),
+    "splits": ("split sizes add up to", True),
+    "overlap_gather": ("overlap", False),
+    "overlap_scatter": ("overlap", False),
+}
+C = 4  # elements per rank of every collective
+
+
+def correct_call(dist, torch, g, kind, r, n, bad, async_op):
+    """The peers' form of the refused call (its result is never checked: it must raise)."""
+    if kind in ("dtype", "op"):
+        return dist.all_reduce(torch.ones(C), group=g, async_op=async_op)
+    if kind == "list":
+        return dist.all_gather([torch.zeros(C) for _ in range(n)], torch.ones(C), group=g,
+                               async_op=async_op)
+    if kind == "splits":
+        return dist.all_to_all_single(torch.zeros(n * C), torch.ones(n * C), [C] * n, [C] * n,
+                                      group=g, async_op=async_op)
+    if kind == "scatter":  # from the refusing rank
+        return dist.scatter(torch.zeros(C), None, src=bad, group=g, async_op=async_op)
+    if kind == "broadcast":  # from a peer of the refusing rank: the root only sends
+        return dist.broadcast(torch.ones(C), src=(bad + 1) % n, group=g, async_op=async_op)
+    if kind == "overlap_gather":
+        return dist.all_gather_into_tensor(torch.zeros(n * C), torch.ones(C), group=g,
+                                           async_op=async_op)
+    return dist.reduce_scatter_tensor(torch.zeros(C), torch.ones(n * C), group=g,
+                                      async_op=async_op)
+
+
+def refused_call(dist, torch, g, kind, r, n, async_op, rng):
+    """The refusing rank's form: the same collective with an argument kolo refuses."""
+    if kind == "dtype":
+        return dist.all_reduce(torch.ones(C, dtype=torch.uint16), group=g, async_op=async_op)
+    if kind == "op":
+        dtype = rng.choice([torch.float32, torch.int32])
+        return dist.all_reduce(torch.ones(C, dtype=dtype), op=dist.ReduceOp.BXOR, group=g,
+                               async_op=async_op)
+    if kind == "list":
+        outs = [torch.zeros(C) for _ in range(n + rng.choice([-1, 1]))]
+        return dist.all_gather(outs, torch.ones(C), group=g, async_op=async_op)
+    if kind == "splits":
+        return dist.all_to_all_single(torch.zeros(n * C), torch.ones(n * C), [C] * n,
+                                      [C] * (n - 1) + [C - 1], group=g, async_op=async_op)
+    if kind == "scatter":  # the root, with one input too many
+        return dist.scatter(torch.zeros(C), [torch.ones(C) for _ in range(n + 1)], src=r,
+                            group=g, async_op=async_op)
+    if kind == "broadcast":  # a receiver, with a dtype kolo does not reduce or move
+        return dist.broadcast(torch.zeros(C, dtype=torch.uint16), src=(r + 1) % n, group=g,
+                              async_op=async_op)
+    if kind == "overlap_gather":
+        out = torch.zeros(n * C)  # the input one element past where in-place use puts it
+        return dist.all_gather_into_tensor(out, out[r * C + 1:r * C + 1 + C] if r < n - 1
+                                           else out[r * C - 1:r * C - 1 + C], group=g,
+                                           async_op=async_op)
+    inp = torch.ones(n * C)  # the output one element past this rank's block of the input
+    return dist.reduce_scatter_tensor(inp[1:1 + C], inp, group=g, async_op=async_op)
+
+
+def earlier_call(dist, torch, g, r, n, step, rng):
+    """One correct collective (kinds and roots drawn alike on every rank): (async work or
+    None, check) where check() asserts the result."""
+    kind = rng.choice(["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"])
+    v = float(step + 1)
+    if kind == "all_reduce":
+        t = torch.full((C,), v * (r + 1))
+        want = torch.full((C,), v * n * (n + 1) / 2)
+        return (lambda a: dist.all_reduce(t, group=g, async_op=a)), \
+            (lambda: torch.equal(t, want)), kind
+    if kind == "broadcast":
+        # often 1 MiB: the peers may still be receiving it when the refusal arrives
+        src, count = rng.randrange(n), rng.choice([C, 1 << 18])
+        t = torch.full((count,), v * (r + 1))
+        return (lambda a: dist.broadcast(t, src=src, group=g, async_op=a)), \
+            (lambda: torch.equal(t, torch.full((count,), v * (src + 1)))), \
+            f"{kind}(src={src}, {count})"
+    if kind == "all_gather":
+        out = torch.zeros(n * C)
+        want = torch.cat([torch.full((C,), v * (q + 1)) for q in range(n)])
+        return (lambda a: dist.all_gather_into_tensor(out, torch.full((C,), v * (r + 1)),
+                                                      group=g, async_op=a)), \
+            (lambda: torch.equal(out, want)), kind
+    if kind == "reduce_scatter":
+        out = torch.zeros(C)
+        inp = torch.arange(n * C, dtype=torch.float32) * v + r
+        want = (torch.arange(n * C, dtype=torch.float32) * v * n + n * (n - 1) / 2)[r * C:r * C + C]
+        return (lambda a: dist.reduce_scatter_tensor(out, inp, group=g, async_op=a)), \
+            (lambda: torch.equal(out, want)), kind
+    out = torch.zeros(n * C)
+    inp = torch.arange(n * C, dtype=torch.float32) + 100 * r * v
+    want = torch.cat([torch.arange(r * C, r * C + C, dtype=torch.float32) + 100 * q * v
+                      for q in range(n)])
+    return (lambda a: dist.all_to_all_single(out, inp, group=g, async_op=a)), \
+        (lambda: torch.equal(out, want)), kind
+
+
+def refused_main(r, n, config):
+    import torch
+    import torch.distributed as dist
+
+    timeout = float(os.environ["KOLO_TIMEOUT_SECONDS"])
+    rng = random.Random(config["seed"])  # the same draws on every rank
+    kinds = list(REFUSALS)
+    rng.shuffle(kinds)
+    kinds += [rng.choice(list(REFUSALS)) for _ in range(config["trials"] - len(kinds))]
+    assert config["trials"] >= len(REFUSALS), "every kind at least once"
+    worst = 0.0
+    for trial, kind in enumerate(kinds):
+        bad = rng.randrange(n)
+        steps = rng.randrange(5)
+        async_op = rng.random() < 0.5
+        label = (f"trial {trial}: {kind}, rank {bad} refuses after {steps} "
+                 f"{'queued' if async_op else 'synchronous'} collectives")
+        g = dist.new_group(list(range(n)))
+        calls = [earlier_call(dist, torch, g, r, n, step, rng) for step in range(steps)]
+        works = [issue(async_op) for issue, _, _ in calls]
+        if not async_op:
+            # synchronous: each completed on this rank before the next call (the refusing
+            # rank's last one just before its refusal)
+            assert all(w is None for w in works), works
+        sub_rng = random.Random(rng.random())  # the refusing rank's own draws
+        t_call = time.monotonic()
+        error = None
+        try:
+            if r == bad:
+                w = refused_call(dist, torch, g, kind, r, n, async_op, sub_rng)
+                # kolo's own refusals (inside the call) fail the work of an asynchronous call;
+                # the backend's raise at the call, as Gloo's do
+                assert w is not None and not REFUSALS[kind][1], \
+                    f"{label}: the refused call returned {w}"
+                w.wait()
+                raise AssertionError(f"{label}: the refused call's work completed")
+            w = correct_call(dist, torch, g, kind, r, n, bad, async_op)
+            if w is not None:
+                w.wait()
+            raise AssertionError(f"{label}: rank {r}'s matching call completed")
+        except RuntimeError as e:
+            error = str(e)
+        t_raised = time.monotonic()
+        for w in works:
+            if w is not None:
+                w.wait()  # earlier works complete, refusal or not
+        wrong = [name for _, check, name in calls if not check()]
+        assert not wrong, f"{label}: rank {r}: wrong results of {wrong}"
+        want, _ = REFUSALS[kind]
+        assert want in error and "Timed out" not in error, f"{label}: rank {r}: {error}"
+        if r != bad:
+            assert f"[reported by rank {bad}]" in error, f"{label}: rank {r}: {error}"
+        # every rank's clock is the host's CLOCK_MONOTONIC: compare the peers' errors with the
+        # moment the refusing rank made its call
+        times = [torch.zeros(2, dtype=torch.float64) for _ in range(n)]
+        dist.all_gather(times, torch.tensor([t_call, t_raised], dtype=torch.float64))
+        refused_at = times[bad][0].item()
+        lags = [times[q][1].item() - refused_at for q in range(n)]
+        peer_lag = max(lag for q, lag in enumerate(lags) if q != bad)
+        worst = max(worst, peer_lag)
+        if r == 0:
+            print(f"result: refused: {label}: refusing rank raised after {lags[bad]:.4f} s, "
+                  f"peers {peer_lag:.4f} s after the refusal (timeout {timeout:.0f} s)",
+                  flush=True)
+            print(f"result: refused:   rank 0's error: {error[:150]}", flush=True)
+        assert lags[bad] < 1.0 and peer_lag < 1.0, f"{label}: {lags} s after the refusal"
+        dist.destroy_process_group(g)
+    if r == 0:
+        print(f"result: refused: {len(kinds)} trials (seed {config['seed']}), the slowest peer "
+              f"raised {worst:.4f} s after the refusal", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -406,6 +597,22 @@ def drive_stranger(script):
     return ok
 
 
+def drive_refused(script):
+    seed = int(os.environ.get("KOLO_TEST_SEED", random.randrange(1 << 30)))
+    print(f"  refused: seed {seed} (KOLO_TEST_SEED={seed} repeats it)")
+    ok = True
+    # through shared memory (every kind at least once), then over TCP
+    # every kind once on each transport
+    for i, (name, trials, env) in enumerate((("refused", 8, {}),
+                                             ("refused-tcp", 8, {"KOLO_TRANSPORT": "tcp"}))):
+        config = {"name": name, "world": 3, "mode": "refused", "seed": seed + i,
+                  "trials": trials, "timeout": 30, "env": dict(env, KOLO_TIMEOUT_SECONDS="30")}
+        t0 = time.monotonic()
+        ok = harness.run_config(script, config, 120) and ok
+        print(f"  {name}: {time.monotonic() - t0:.1f} s")
+    return ok
+
+
 def drive_release(script):
     config = {"name": "release", "world": 2, "mode": "release", "unset": OWN_TIMEOUT}
     return harness.run_config(script, config, 90)
@@ -420,7 +627,8 @@ if __name__ == "__main__":
     script = os.path.abspath(sys.argv[0])
     passed = failed = 0
     for name, fn in (("kill", drive_kill), ("mismatch", drive_mismatch), ("hang", drive_hang),
-                     ("stranger", drive_stranger), ("release", drive_release)):
+                     ("stranger", drive_stranger), ("release", drive_release),
+                     ("refused", drive_refused)):
         if args.only and args.only not in name:
             continue
         t0 = time.monotonic()

@@ -151,11 +151,17 @@ kolo::ReduceOp reduce_op(const c10d::ReduceOp& op, at::ScalarType st, const char
     case c10d::ReduceOp::BAND:
       if (is_bool) return kolo::ReduceOp::min;
       break;
-    default:
+    case c10d::ReduceOp::BXOR:
       break;
+    default:
+      fail(std::string(coll) + ": reduce op " + std::to_string(static_cast<int>(op.op_)) +
+           " is not supported");
   }
-  fail(std::string(coll) + ": reduce op " + std::to_string(static_cast<int>(op.op_)) +
-       " (BAND/BOR/BXOR on non-bool tensors, or an unknown op) is not supported");
+  const char* name = op.op_ == c10d::ReduceOp::BAND  ? "BAND"
+                     : op.op_ == c10d::ReduceOp::BOR ? "BOR"
+                                                     : "BXOR";
+  fail(std::string(coll) + ": ReduceOp." + name + " is not supported for " +
+       std::string(c10::toString(st)) + " tensors (BAND and BOR: bool tensors only; BXOR: none)");
 }
 
 // PREMUL_SUM's factor (a double or a one-element tensor), or nullopt for other ops.
@@ -279,6 +285,15 @@ std::exception_ptr wrap(const std::exception& e) {
   return std::make_exception_ptr(std::runtime_error(what));
 }
 
+// An error's text as the peers get it through a refusal: torch's without its backtrace, and
+// without this backend's "kolo: " (the peers' wrap() adds it again).
+std::string error_text(const std::exception& e) {
+  const auto* c = dynamic_cast<const c10::Error*>(&e);
+  std::string what = c != nullptr ? c->what_without_backtrace() : e.what();
+  if (what.rfind("kolo: ", 0) == 0) what.erase(0, 6);
+  return what;
+}
+
 }  // namespace
 
 // ---- KoloWork ----
@@ -357,6 +372,9 @@ struct Sched {
   bool stopping = false;
   bool aborting = false;
   std::string stop_reason;
+  // KoloBackend::refuse_now, for a collective's body that failed before kolo saw the call
+  // (refuse_unseen); called by the thread that owns the communicator.
+  std::function<void(const std::string&)> refuse;
 
   // Under mu: takes the communicator for a caller's thread when nothing runs, nothing is
   // posted and the group is not stopping (the caller checks that nothing is queued before).
@@ -380,6 +398,14 @@ struct Sched {
 
 namespace {
 
+// A collective's body threw `e`. A kolo error was kolo's own (the communicator has already told
+// the peers, or failed with them); anything else happened before the body's kolo call, which the
+// peers are making or about to: refuse it, so that theirs fails too instead of waiting.
+void refuse_unseen(Sched& s, const Task& t, const std::exception& e) {
+  if (!t.here_ok || dynamic_cast<const kolo::Error*>(&e) != nullptr || !s.refuse) return;
+  s.refuse(error_text(e));
+}
+
 // Completes a task whose body (and poll) finished, or failed with `e`.
 void finish_task(Task& t, std::exception_ptr e) {
   if (!e && t.after) {
@@ -402,7 +428,12 @@ void run_here(Sched& s, Task& t) {
   std::exception_ptr err;
   try {
     t.body(t);
-    if (t.after) t.after();
+  } catch (const std::exception& e) {
+    refuse_unseen(s, t, e);
+    err = wrap(e);
+  }
+  try {
+    if (!err && t.after) t.after();
   } catch (const std::exception& e) {
     err = wrap(e);
   }
@@ -504,6 +535,12 @@ class CudaPath {
       fail(error_);
     }
     return *comm_;
+  }
+
+  // Refuses the NCCL communicator's next collective call (KoloBackend::refuse_now), when it
+  // exists. By the thread that owns the communicators.
+  void refuse(const kolo::Error& e) {
+    if (comm_) comm_->refuse(e);
   }
 
   // Thread-safe: fails the operation running on the NCCL communicator (abort()).
@@ -608,6 +645,7 @@ KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
 #ifdef KOLO_TORCH_CUDA
   cuda_ = std::make_unique<CudaPath>(store, rank, size, timeout);
 #endif
+  sched_->refuse = [this](const std::string& why) { refuse_now(why); };
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -689,15 +727,17 @@ void KoloBackend::worker_loop() {
       posted.clear();
     }
     if (task) {
+      std::exception_ptr err;
       try {
         task->body(*task);
-        if (task->poll) {
-          posted.push_back(task);
-        } else {
-          finish_task(*task, nullptr);
-        }
       } catch (const std::exception& e) {
-        finish_task(*task, wrap(e));
+        refuse_unseen(s, *task, e);
+        err = wrap(e);
+      }
+      if (task->poll && !err) {
+        posted.push_back(task);
+      } else {
+        finish_task(*task, err);
       }
     }
     for (auto it = posted.begin(); it != posted.end();) {
@@ -771,177 +811,219 @@ void KoloBackend::shutdown() {
   stop(false, "the process group was shut down");
 }
 
+// ---- refused calls ----
+
+template <class F>
+c10::intrusive_ptr<c10d::Work> KoloBackend::checked(F&& issue) {
+  try {
+    return issue();
+  } catch (const std::exception& e) {
+    refuse_in_order(e);
+    throw;
+  }
+}
+
+void KoloBackend::refuse_in_order(const std::exception& e) {
+  try {
+    // Synchronous: run on this thread when nothing is queued or running (the caller raises
+    // next, so nothing is gained by handing it to the worker), else queued behind the rest.
+    enqueue(
+        c10d::OpType::UNKNOWN, "kolo:refused", {},
+        [this, why = error_text(e)](Task& /*task*/) { refuse_now(why); }, /*sync=*/true);
+  } catch (const std::exception&) {
+    // The group is stopping (enqueue refused the task): every later call on it fails anyway.
+  }
+}
+
+void KoloBackend::refuse_now(const std::string& why) {
+  const kolo::ConfigError e(why);
+  if (comm_) comm_->refuse(e);
+#ifdef KOLO_TORCH_CUDA
+  if (cuda_) cuda_->refuse(e);
+#endif
+}
+
 // ---- collectives ----
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
-  check_single(tensors, "allreduce");
-  const at::Tensor& t = tensors[0];
-  const kolo::ReduceOp op = reduce_op(opts.reduceOp, t.scalar_type(), "allreduce");
-  const auto factor = premul_factor(opts.reduceOp);
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    check_single(tensors, "allreduce");
+    const at::Tensor& t = tensors[0];
+    const kolo::ReduceOp op = reduce_op(opts.reduceOp, t.scalar_type(), "allreduce");
+    const auto factor = premul_factor(opts.reduceOp);
 #ifdef KOLO_TORCH_CUDA
-  if (on_nccl(t)) {
-    dtype_for(t, "allreduce");
-    if (factor) t.mul_(*factor);  // on the caller's stream, before the ready point
-    auto ready = std::make_shared<ReadyEvent>(t);
+    if (on_nccl(t)) {
+      dtype_for(t, "allreduce");
+      if (factor) t.mul_(*factor);  // on the caller's stream, before the ready point
+      auto ready = std::make_shared<ReadyEvent>(t);
+      return enqueue(
+          c10d::OpType::ALLREDUCE, "kolo:all_reduce", tensors,
+          [this, t, ready, op](Task& /*task*/) {
+            auto& c = cuda_->comm(ready->device());
+            ready->block(c.transport().stream());
+            c.allreduce(device_view(t, "allreduce"), op);
+          },
+          is_sync(opts));
+    }
+#endif
+    auto s = std::make_shared<Staged>(stage(t, "allreduce"));
     return enqueue(
         c10d::OpType::ALLREDUCE, "kolo:all_reduce", tensors,
-        [this, t, ready, op](Task& /*task*/) {
-          auto& c = cuda_->comm(ready->device());
-          ready->block(c.transport().stream());
-          c.allreduce(device_view(t, "allreduce"), op);
+        [this, s, op, factor](Task& task) {
+          if (factor) s->host.mul_(*factor);
+          comm_->allreduce(s->view("allreduce"), op);
+          task.after = [s] { s->write_back(); };
         },
         is_sync(opts));
-  }
-#endif
-  auto s = std::make_shared<Staged>(stage(t, "allreduce"));
-  return enqueue(
-      c10d::OpType::ALLREDUCE, "kolo:all_reduce", tensors,
-      [this, s, op, factor](Task& task) {
-        if (factor) s->host.mul_(*factor);
-        comm_->allreduce(s->view("allreduce"), op);
-        task.after = [s] { s->write_back(); };
-      },
-      is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  if (tensors.empty()) fail("allreduce_coalesced: no tensors");
-  const at::ScalarType st = tensors[0].scalar_type();
-  check_same_dtype(tensors, st, "allreduce_coalesced");
-  const kolo::ReduceOp op = reduce_op(opts.reduceOp, st, "allreduce_coalesced");
-  const auto factor = premul_factor(opts.reduceOp);
-  // In place on each tensor's host memory (the tensor itself when it is a contiguous CPU
-  // tensor): kolo's coalesced allreduce reads and writes them where they lie, with no flat copy
-  // in and out. The same tensor twice in the list would overlap itself: then through a flat copy.
-  auto staged = std::make_shared<std::vector<Staged>>();
-  bool distinct = true;
-  std::vector<const void*> seen;
-  for (const auto& t : tensors) {
-    staged->push_back(stage(t, "allreduce_coalesced"));
-    const void* p = staged->back().host.data_ptr();
-    if (staged->back().host.numel() > 0) {
-      distinct = distinct && std::find(seen.begin(), seen.end(), p) == seen.end();
-      seen.push_back(p);
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (tensors.empty()) fail("allreduce_coalesced: no tensors");
+    const at::ScalarType st = tensors[0].scalar_type();
+    check_same_dtype(tensors, st, "allreduce_coalesced");
+    const kolo::ReduceOp op = reduce_op(opts.reduceOp, st, "allreduce_coalesced");
+    const auto factor = premul_factor(opts.reduceOp);
+    // In place on each tensor's host memory (the tensor itself when it is a contiguous CPU
+    // tensor): kolo's coalesced allreduce reads and writes them where they lie, with no flat copy
+    // in and out. The same tensor twice in the list would overlap itself: then through a flat copy.
+    auto staged = std::make_shared<std::vector<Staged>>();
+    bool distinct = true;
+    std::vector<const void*> seen;
+    for (const auto& t : tensors) {
+      staged->push_back(stage(t, "allreduce_coalesced"));
+      const void* p = staged->back().host.data_ptr();
+      if (staged->back().host.numel() > 0) {
+        distinct = distinct && std::find(seen.begin(), seen.end(), p) == seen.end();
+        seen.push_back(p);
+      }
     }
-  }
-  if (!distinct) {
-    std::vector<at::Tensor> host;
-    for (const Staged& s : *staged) host.push_back(s.host);
-    auto flat = std::make_shared<at::Tensor>(gather_flat(host, tensors[0]));
-    auto outs = std::make_shared<std::vector<at::Tensor>>(tensors);
+    if (!distinct) {
+      std::vector<at::Tensor> host;
+      for (const Staged& s : *staged) host.push_back(s.host);
+      auto flat = std::make_shared<at::Tensor>(gather_flat(host, tensors[0]));
+      auto outs = std::make_shared<std::vector<at::Tensor>>(tensors);
+      return enqueue(
+          c10d::OpType::ALLREDUCE_COALESCED, "kolo:all_reduce_coalesced", tensors,
+          [this, flat, outs, op, factor](Task& task) {
+            if (factor) flat->mul_(*factor);
+            comm_->allreduce(view_of(*flat, "allreduce_coalesced"), op);
+            task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+          },
+          is_sync(opts));
+    }
     return enqueue(
         c10d::OpType::ALLREDUCE_COALESCED, "kolo:all_reduce_coalesced", tensors,
-        [this, flat, outs, op, factor](Task& task) {
-          if (factor) flat->mul_(*factor);
-          comm_->allreduce(view_of(*flat, "allreduce_coalesced"), op);
-          task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+        [this, staged, op, factor](Task& task) {
+          std::vector<kolo::TensorView> views;
+          views.reserve(staged->size());
+          for (Staged& s : *staged) {
+            if (factor) s.host.mul_(*factor);
+            views.push_back(s.view("allreduce_coalesced"));
+          }
+          comm_->allreduce_coalesced(views, views, op);
+          task.after = [staged] {
+            for (const Staged& s : *staged) s.write_back();
+          };
         },
         is_sync(opts));
-  }
-  return enqueue(
-      c10d::OpType::ALLREDUCE_COALESCED, "kolo:all_reduce_coalesced", tensors,
-      [this, staged, op, factor](Task& task) {
-        std::vector<kolo::TensorView> views;
-        views.reserve(staged->size());
-        for (Staged& s : *staged) {
-          if (factor) s.host.mul_(*factor);
-          views.push_back(s.view("allreduce_coalesced"));
-        }
-        comm_->allreduce_coalesced(views, views, op);
-        task.after = [staged] {
-          for (const Staged& s : *staged) s.write_back();
-        };
-      },
-      is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                       const c10d::BroadcastOptions& opts) {
-  check_single(tensors, "broadcast");
-  check_root(static_cast<int>(opts.rootRank), size_, "broadcast");
-  if (opts.rootTensor != 0) fail("broadcast: rootTensor must be 0");
-  const int root = static_cast<int>(opts.rootRank);
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    check_single(tensors, "broadcast");
+    check_root(static_cast<int>(opts.rootRank), size_, "broadcast");
+    if (opts.rootTensor != 0) fail("broadcast: rootTensor must be 0");
+    const int root = static_cast<int>(opts.rootRank);
 #ifdef KOLO_TORCH_CUDA
-  if (on_nccl(tensors[0])) {
-    const at::Tensor t = tensors[0];
-    dtype_for(t, "broadcast");
-    auto ready = std::make_shared<ReadyEvent>(t);
+    if (on_nccl(tensors[0])) {
+      const at::Tensor t = tensors[0];
+      dtype_for(t, "broadcast");
+      auto ready = std::make_shared<ReadyEvent>(t);
+      return enqueue(
+          c10d::OpType::BROADCAST, "kolo:broadcast", tensors,
+          [this, t, ready, root](Task& /*task*/) {
+            auto& c = cuda_->comm(ready->device());
+            ready->block(c.transport().stream());
+            c.broadcast(device_view(t, "broadcast"), root);
+          },
+          is_sync(opts));
+    }
+#endif
+    auto s = std::make_shared<Staged>(stage(tensors[0], "broadcast", rank_ == root));
     return enqueue(
         c10d::OpType::BROADCAST, "kolo:broadcast", tensors,
-        [this, t, ready, root](Task& /*task*/) {
-          auto& c = cuda_->comm(ready->device());
-          ready->block(c.transport().stream());
-          c.broadcast(device_view(t, "broadcast"), root);
+        [this, s, root](Task& task) {
+          comm_->broadcast(s->view("broadcast"), root);
+          task.after = [s] { s->write_back(); };
         },
         is_sync(opts));
-  }
-#endif
-  auto s = std::make_shared<Staged>(stage(tensors[0], "broadcast", rank_ == root));
-  return enqueue(
-      c10d::OpType::BROADCAST, "kolo:broadcast", tensors,
-      [this, s, root](Task& task) {
-        comm_->broadcast(s->view("broadcast"), root);
-        task.after = [s] { s->write_back(); };
-      },
-      is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::reduce(std::vector<at::Tensor>& tensors,
                                                    const c10d::ReduceOptions& opts) {
-  check_single(tensors, "reduce");
-  const int root = static_cast<int>(opts.rootRank);
-  check_root(root, size_, "reduce");
-  const at::Tensor& t = tensors[0];
-  const kolo::ReduceOp op = reduce_op(opts.reduceOp, t.scalar_type(), "reduce");
-  const auto factor = premul_factor(opts.reduceOp);
-  auto s = std::make_shared<Staged>(stage(t, "reduce"));
-  return enqueue(
-      c10d::OpType::REDUCE, "kolo:reduce", tensors,
-      [this, s, op, root, factor](Task& task) {
-        if (factor) s->host.mul_(*factor);
-        const kolo::TensorView v = s->view("reduce");
-        comm_->reduce(v, v, op, root);
-        if (rank_ == root) task.after = [s] { s->write_back(); };
-      },
-      is_sync(opts));
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    check_single(tensors, "reduce");
+    const int root = static_cast<int>(opts.rootRank);
+    check_root(root, size_, "reduce");
+    const at::Tensor& t = tensors[0];
+    const kolo::ReduceOp op = reduce_op(opts.reduceOp, t.scalar_type(), "reduce");
+    const auto factor = premul_factor(opts.reduceOp);
+    auto s = std::make_shared<Staged>(stage(t, "reduce"));
+    return enqueue(
+        c10d::OpType::REDUCE, "kolo:reduce", tensors,
+        [this, s, op, root, factor](Task& task) {
+          if (factor) s->host.mul_(*factor);
+          const kolo::TensorView v = s->view("reduce");
+          comm_->reduce(v, v, op, root);
+          if (rank_ == root) task.after = [s] { s->write_back(); };
+        },
+        is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllgatherOptions& opts) {
-  check_single(inputs, "allgather");
-  if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
-    fail("allgather: expects one output list of " + std::to_string(size_) + " tensors");
-  }
-  const at::Tensor& in = inputs[0];
-  check_same_dtype(outputs[0], in.scalar_type(), "allgather");
-  auto s = std::make_shared<Staged>(stage(in, "allgather"));
-  auto outs = std::make_shared<std::vector<at::Tensor>>(outputs[0]);
-  std::vector<std::size_t> counts;
-  bool uniform = true;
-  for (const auto& o : *outs) {
-    counts.push_back(static_cast<std::size_t>(o.numel()));
-    uniform = uniform && o.numel() == in.numel();
-  }
-  if (counts[static_cast<std::size_t>(rank_)] != static_cast<std::size_t>(in.numel())) {
-    fail("allgather: output tensor " + std::to_string(rank_) + " has " +
-         std::to_string(counts[static_cast<std::size_t>(rank_)]) +
-         " elements but this rank's input has " + std::to_string(in.numel()));
-  }
-  return enqueue(
-      c10d::OpType::ALLGATHER, "kolo:all_gather", outputs[0],
-      [this, s, outs, counts, uniform](Task& task) {
-        auto flat = std::make_shared<at::Tensor>(flat_like(*outs, s->host));
-        if (uniform) {
-          comm_->allgather(s->view("allgather"), view_of(*flat, "allgather"));
-        } else {
-          comm_->allgatherv(s->view("allgather"), view_of(*flat, "allgather"), counts);
-        }
-        task.after = [flat, outs] { scatter_flat(*flat, *outs); };
-      },
-      is_sync(opts));
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    check_single(inputs, "allgather");
+    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
+      fail("allgather: expects one output list of " + std::to_string(size_) + " tensors");
+    }
+    const at::Tensor& in = inputs[0];
+    check_same_dtype(outputs[0], in.scalar_type(), "allgather");
+    auto s = std::make_shared<Staged>(stage(in, "allgather"));
+    auto outs = std::make_shared<std::vector<at::Tensor>>(outputs[0]);
+    std::vector<std::size_t> counts;
+    bool uniform = true;
+    for (const auto& o : *outs) {
+      counts.push_back(static_cast<std::size_t>(o.numel()));
+      uniform = uniform && o.numel() == in.numel();
+    }
+    if (counts[static_cast<std::size_t>(rank_)] != static_cast<std::size_t>(in.numel())) {
+      fail("allgather: output tensor " + std::to_string(rank_) + " has " +
+           std::to_string(counts[static_cast<std::size_t>(rank_)]) +
+           " elements but this rank's input has " + std::to_string(in.numel()));
+    }
+    return enqueue(
+        c10d::OpType::ALLGATHER, "kolo:all_gather", outputs[0],
+        [this, s, outs, counts, uniform](Task& task) {
+          auto flat = std::make_shared<at::Tensor>(flat_like(*outs, s->host));
+          if (uniform) {
+            comm_->allgather(s->view("allgather"), view_of(*flat, "allgather"));
+          } else {
+            comm_->allgatherv(s->view("allgather"), view_of(*flat, "allgather"), counts);
+          }
+          task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+        },
+        is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -951,38 +1033,40 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::_allgather_base(at::Tensor& output, 
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::all_gather_single(at::Tensor& output, at::Tensor& input,
                                                               const c10d::AllgatherOptions& opts) {
-  if (output.scalar_type() != input.scalar_type()) {
-    fail("all_gather_into_tensor: output and input dtypes differ");
-  }
-  if (output.numel() != input.numel() * size_) {
-    fail("all_gather_into_tensor: output has " + std::to_string(output.numel()) +
-         " elements, expected world size x input = " + std::to_string(size_) + " x " +
-         std::to_string(input.numel()));
-  }
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (output.scalar_type() != input.scalar_type()) {
+      fail("all_gather_into_tensor: output and input dtypes differ");
+    }
+    if (output.numel() != input.numel() * size_) {
+      fail("all_gather_into_tensor: output has " + std::to_string(output.numel()) +
+           " elements, expected world size x input = " + std::to_string(size_) + " x " +
+           std::to_string(input.numel()));
+    }
 #ifdef KOLO_TORCH_CUDA
-  if (on_nccl(input) && on_nccl(output) && input.get_device() == output.get_device()) {
-    dtype_for(input, "all_gather_into_tensor");
-    auto ready = std::make_shared<ReadyEvent>(output);
+    if (on_nccl(input) && on_nccl(output) && input.get_device() == output.get_device()) {
+      dtype_for(input, "all_gather_into_tensor");
+      auto ready = std::make_shared<ReadyEvent>(output);
+      return enqueue(
+          c10d::OpType::_ALLGATHER_BASE, "kolo:all_gather_into_tensor", {output},
+          [this, input, output, ready](Task& /*task*/) {
+            auto& c = cuda_->comm(ready->device());
+            ready->block(c.transport().stream());
+            c.allgather(device_view(input, "all_gather_into_tensor"),
+                        device_view(output, "all_gather_into_tensor"));
+          },
+          is_sync(opts));
+    }
+#endif
+    auto in = std::make_shared<Staged>(stage(input, "all_gather_into_tensor"));
+    auto out = std::make_shared<Staged>(stage(output, "all_gather_into_tensor", false));
     return enqueue(
         c10d::OpType::_ALLGATHER_BASE, "kolo:all_gather_into_tensor", {output},
-        [this, input, output, ready](Task& /*task*/) {
-          auto& c = cuda_->comm(ready->device());
-          ready->block(c.transport().stream());
-          c.allgather(device_view(input, "all_gather_into_tensor"),
-                      device_view(output, "all_gather_into_tensor"));
+        [this, in, out](Task& task) {
+          comm_->allgather(in->view("all_gather_into_tensor"), out->view("all_gather_into_tensor"));
+          task.after = [out] { out->write_back(); };
         },
         is_sync(opts));
-  }
-#endif
-  auto in = std::make_shared<Staged>(stage(input, "all_gather_into_tensor"));
-  auto out = std::make_shared<Staged>(stage(output, "all_gather_into_tensor", false));
-  return enqueue(
-      c10d::OpType::_ALLGATHER_BASE, "kolo:all_gather_into_tensor", {output},
-      [this, in, out](Task& task) {
-        comm_->allgather(in->view("all_gather_into_tensor"), out->view("all_gather_into_tensor"));
-        task.after = [out] { out->write_back(); };
-      },
-      is_sync(opts));
+  });
 }
 
 // outputs[q][i] receives rank q's inputs[i]: every input goes into one flat buffer, one
@@ -990,42 +1074,44 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::all_gather_single(at::Tensor& output
 c10::intrusive_ptr<c10d::Work> KoloBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  if (inputs.empty()) fail("allgather_coalesced: no input tensors");
-  if (static_cast<int>(outputs.size()) != size_) {
-    fail("allgather_coalesced: " + std::to_string(outputs.size()) +
-         " output lists for a world of " + std::to_string(size_) + " (one list per rank)");
-  }
-  const at::ScalarType st = inputs[0].scalar_type();
-  check_same_dtype(inputs, st, "allgather_coalesced");
-  std::vector<at::Tensor> host;
-  std::vector<at::Tensor> all_outputs;
-  for (const auto& t : inputs) host.push_back(stage(t, "allgather_coalesced").host);
-  for (std::size_t q = 0; q < outputs.size(); ++q) {
-    if (outputs[q].size() != inputs.size()) {
-      fail("allgather_coalesced: output list " + std::to_string(q) + " has " +
-           std::to_string(outputs[q].size()) + " tensors for " + std::to_string(inputs.size()) +
-           " inputs");
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (inputs.empty()) fail("allgather_coalesced: no input tensors");
+    if (static_cast<int>(outputs.size()) != size_) {
+      fail("allgather_coalesced: " + std::to_string(outputs.size()) +
+           " output lists for a world of " + std::to_string(size_) + " (one list per rank)");
     }
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-      if (outputs[q][i].numel() != inputs[i].numel() || outputs[q][i].scalar_type() != st) {
-        fail("allgather_coalesced: output [" + std::to_string(q) + "][" + std::to_string(i) +
-             "] must match input " + std::to_string(i) + " in size and dtype");
+    const at::ScalarType st = inputs[0].scalar_type();
+    check_same_dtype(inputs, st, "allgather_coalesced");
+    std::vector<at::Tensor> host;
+    std::vector<at::Tensor> all_outputs;
+    for (const auto& t : inputs) host.push_back(stage(t, "allgather_coalesced").host);
+    for (std::size_t q = 0; q < outputs.size(); ++q) {
+      if (outputs[q].size() != inputs.size()) {
+        fail("allgather_coalesced: output list " + std::to_string(q) + " has " +
+             std::to_string(outputs[q].size()) + " tensors for " + std::to_string(inputs.size()) +
+             " inputs");
       }
-      all_outputs.push_back(outputs[q][i]);
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        if (outputs[q][i].numel() != inputs[i].numel() || outputs[q][i].scalar_type() != st) {
+          fail("allgather_coalesced: output [" + std::to_string(q) + "][" + std::to_string(i) +
+               "] must match input " + std::to_string(i) + " in size and dtype");
+        }
+        all_outputs.push_back(outputs[q][i]);
+      }
     }
-  }
-  auto flat_in = std::make_shared<at::Tensor>(gather_flat(host, inputs[0]));
-  auto outs = std::make_shared<std::vector<at::Tensor>>(all_outputs);
-  return enqueue(
-      c10d::OpType::ALLGATHER_COALESCED, "kolo:all_gather_coalesced", all_outputs,
-      [this, flat_in, outs](Task& task) {
-        auto flat_out =
-            std::make_shared<at::Tensor>(at::empty({flat_in->numel() * size_}, flat_in->options()));
-        comm_->allgather(view_of(*flat_in, "allgather_coalesced"),
-                         view_of(*flat_out, "allgather_coalesced"));
-        task.after = [flat_out, outs] { scatter_flat(*flat_out, *outs); };
-      },
-      is_sync(opts));
+    auto flat_in = std::make_shared<at::Tensor>(gather_flat(host, inputs[0]));
+    auto outs = std::make_shared<std::vector<at::Tensor>>(all_outputs);
+    return enqueue(
+        c10d::OpType::ALLGATHER_COALESCED, "kolo:all_gather_coalesced", all_outputs,
+        [this, flat_in, outs](Task& task) {
+          auto flat_out = std::make_shared<at::Tensor>(
+              at::empty({flat_in->numel() * size_}, flat_in->options()));
+          comm_->allgather(view_of(*flat_in, "allgather_coalesced"),
+                           view_of(*flat_out, "allgather_coalesced"));
+          task.after = [flat_out, outs] { scatter_flat(*flat_out, *outs); };
+        },
+        is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::allgather_into_tensor_coalesced(
@@ -1037,128 +1123,137 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> KoloBackend::all_gather_single_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  if (outputs.size() != inputs.size()) fail("allgather_into_tensor_coalesced: count mismatch");
-  std::vector<std::pair<std::shared_ptr<Staged>, std::shared_ptr<Staged>>> pairs;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (outputs[i].numel() != inputs[i].numel() * size_ ||
-        outputs[i].scalar_type() != inputs[i].scalar_type()) {
-      fail("allgather_into_tensor_coalesced: output " + std::to_string(i) +
-           " must be world size x its input, same dtype");
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (outputs.size() != inputs.size()) fail("allgather_into_tensor_coalesced: count mismatch");
+    std::vector<std::pair<std::shared_ptr<Staged>, std::shared_ptr<Staged>>> pairs;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (outputs[i].numel() != inputs[i].numel() * size_ ||
+          outputs[i].scalar_type() != inputs[i].scalar_type()) {
+        fail("allgather_into_tensor_coalesced: output " + std::to_string(i) +
+             " must be world size x its input, same dtype");
+      }
+      pairs.emplace_back(
+          std::make_shared<Staged>(stage(inputs[i], "allgather_into_tensor")),
+          std::make_shared<Staged>(stage(outputs[i], "allgather_into_tensor", false)));
     }
-    pairs.emplace_back(std::make_shared<Staged>(stage(inputs[i], "allgather_into_tensor")),
-                       std::make_shared<Staged>(stage(outputs[i], "allgather_into_tensor", false)));
-  }
-  return enqueue(
-      c10d::OpType::COALESCED, "kolo:all_gather_into_tensor_coalesced", outputs,
-      [this, pairs](Task& task) {
-        for (const auto& [in, out] : pairs) {
-          comm_->allgather(in->view("allgather_into_tensor"), out->view("allgather_into_tensor"));
-        }
-        task.after = [pairs] {
-          for (const auto& p : pairs) p.second->write_back();
-        };
-      },
-      is_sync(opts));
+    return enqueue(
+        c10d::OpType::COALESCED, "kolo:all_gather_into_tensor_coalesced", outputs,
+        [this, pairs](Task& task) {
+          for (const auto& [in, out] : pairs) {
+            comm_->allgather(in->view("allgather_into_tensor"), out->view("allgather_into_tensor"));
+          }
+          task.after = [pairs] {
+            for (const auto& p : pairs) p.second->write_back();
+          };
+        },
+        is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                    std::vector<at::Tensor>& inputs,
                                                    const c10d::GatherOptions& opts) {
-  check_single(inputs, "gather");
-  const int root = static_cast<int>(opts.rootRank);
-  check_root(root, size_, "gather");
-  const at::Tensor& in = inputs[0];
-  std::vector<at::Tensor> outs_list;
-  if (rank_ == root) {
-    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
-      fail("gather: the root expects one output list of " + std::to_string(size_) + " tensors");
-    }
-    for (const auto& o : outputs[0]) {
-      if (o.numel() != in.numel() || o.scalar_type() != in.scalar_type()) {
-        fail("gather: every output tensor must match the input in size and dtype");
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    check_single(inputs, "gather");
+    const int root = static_cast<int>(opts.rootRank);
+    check_root(root, size_, "gather");
+    const at::Tensor& in = inputs[0];
+    std::vector<at::Tensor> outs_list;
+    if (rank_ == root) {
+      if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
+        fail("gather: the root expects one output list of " + std::to_string(size_) + " tensors");
       }
-    }
-    outs_list = outputs[0];
-  } else if (!outputs.empty() && !outputs[0].empty()) {
-    fail("gather: only the root (rank " + std::to_string(root) + ") passes output tensors");
-  }
-  auto s = std::make_shared<Staged>(stage(in, "gather"));
-  auto outs = std::make_shared<std::vector<at::Tensor>>(outs_list);
-  return enqueue(
-      c10d::OpType::GATHER, "kolo:gather", outs_list,
-      [this, s, outs, root](Task& task) {
-        if (rank_ == root) {
-          auto flat = std::make_shared<at::Tensor>(flat_like(*outs, s->host));
-          comm_->gather(s->view("gather"), view_of(*flat, "gather"), root);
-          task.after = [flat, outs] { scatter_flat(*flat, *outs); };
-        } else {
-          comm_->gather(s->view("gather"), kolo::TensorView(), root);
+      for (const auto& o : outputs[0]) {
+        if (o.numel() != in.numel() || o.scalar_type() != in.scalar_type()) {
+          fail("gather: every output tensor must match the input in size and dtype");
         }
-      },
-      is_sync(opts));
+      }
+      outs_list = outputs[0];
+    } else if (!outputs.empty() && !outputs[0].empty()) {
+      fail("gather: only the root (rank " + std::to_string(root) + ") passes output tensors");
+    }
+    auto s = std::make_shared<Staged>(stage(in, "gather"));
+    auto outs = std::make_shared<std::vector<at::Tensor>>(outs_list);
+    return enqueue(
+        c10d::OpType::GATHER, "kolo:gather", outs_list,
+        [this, s, outs, root](Task& task) {
+          if (rank_ == root) {
+            auto flat = std::make_shared<at::Tensor>(flat_like(*outs, s->host));
+            comm_->gather(s->view("gather"), view_of(*flat, "gather"), root);
+            task.after = [flat, outs] { scatter_flat(*flat, *outs); };
+          } else {
+            comm_->gather(s->view("gather"), kolo::TensorView(), root);
+          }
+        },
+        is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::scatter(std::vector<at::Tensor>& outputs,
                                                     std::vector<std::vector<at::Tensor>>& inputs,
                                                     const c10d::ScatterOptions& opts) {
-  check_single(outputs, "scatter");
-  const int root = static_cast<int>(opts.rootRank);
-  check_root(root, size_, "scatter");
-  const at::Tensor& out = outputs[0];
-  std::shared_ptr<at::Tensor> flat;
-  if (rank_ == root) {
-    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
-      fail("scatter: the root expects one input list of " + std::to_string(size_) + " tensors");
-    }
-    std::vector<at::Tensor> host;
-    for (const auto& i : inputs[0]) {
-      if (i.numel() != out.numel() || i.scalar_type() != out.scalar_type()) {
-        fail("scatter: every input tensor must match the output in size and dtype");
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    check_single(outputs, "scatter");
+    const int root = static_cast<int>(opts.rootRank);
+    check_root(root, size_, "scatter");
+    const at::Tensor& out = outputs[0];
+    std::shared_ptr<at::Tensor> flat;
+    if (rank_ == root) {
+      if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
+        fail("scatter: the root expects one input list of " + std::to_string(size_) + " tensors");
       }
-      host.push_back(stage(i, "scatter").host);
+      std::vector<at::Tensor> host;
+      for (const auto& i : inputs[0]) {
+        if (i.numel() != out.numel() || i.scalar_type() != out.scalar_type()) {
+          fail("scatter: every input tensor must match the output in size and dtype");
+        }
+        host.push_back(stage(i, "scatter").host);
+      }
+      flat = std::make_shared<at::Tensor>(gather_flat(host, out));
+    } else if (!inputs.empty() && !inputs[0].empty()) {
+      fail("scatter: only the root (rank " + std::to_string(root) + ") passes input tensors");
     }
-    flat = std::make_shared<at::Tensor>(gather_flat(host, out));
-  } else if (!inputs.empty() && !inputs[0].empty()) {
-    fail("scatter: only the root (rank " + std::to_string(root) + ") passes input tensors");
-  }
-  auto s = std::make_shared<Staged>(stage(out, "scatter", false));
-  return enqueue(
-      c10d::OpType::SCATTER, "kolo:scatter", outputs,
-      [this, s, flat, root](Task& task) {
-        comm_->scatter(flat ? view_of(*flat, "scatter") : kolo::TensorView(), s->view("scatter"),
-                       root);
-        task.after = [s] { s->write_back(); };
-      },
-      is_sync(opts));
+    auto s = std::make_shared<Staged>(stage(out, "scatter", false));
+    return enqueue(
+        c10d::OpType::SCATTER, "kolo:scatter", outputs,
+        [this, s, flat, root](Task& task) {
+          comm_->scatter(flat ? view_of(*flat, "scatter") : kolo::TensorView(), s->view("scatter"),
+                         root);
+          task.after = [s] { s->write_back(); };
+        },
+        is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  check_single(outputs, "reduce_scatter");
-  const at::Tensor& out = outputs[0];
-  if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
-    fail("reduce_scatter: expects one input list of " + std::to_string(size_) + " tensors");
-  }
-  std::vector<at::Tensor> host;
-  for (const auto& i : inputs[0]) {
-    if (i.numel() != out.numel() || i.scalar_type() != out.scalar_type()) {
-      fail("reduce_scatter: every input tensor must match the output in size and dtype");
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    check_single(outputs, "reduce_scatter");
+    const at::Tensor& out = outputs[0];
+    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
+      fail("reduce_scatter: expects one input list of " + std::to_string(size_) + " tensors");
     }
-    host.push_back(stage(i, "reduce_scatter").host);
-  }
-  const kolo::ReduceOp op = reduce_op(opts.reduceOp, out.scalar_type(), "reduce_scatter");
-  const auto factor = premul_factor(opts.reduceOp);
-  auto flat = std::make_shared<at::Tensor>(gather_flat(host, out));
-  auto s = std::make_shared<Staged>(stage(out, "reduce_scatter", false));
-  return enqueue(
-      c10d::OpType::REDUCE_SCATTER, "kolo:reduce_scatter", outputs,
-      [this, s, flat, op, factor](Task& task) {
-        if (factor) flat->mul_(*factor);
-        comm_->reduce_scatter(view_of(*flat, "reduce_scatter"), s->view("reduce_scatter"), op);
-        task.after = [s] { s->write_back(); };
-      },
-      is_sync(opts));
+    std::vector<at::Tensor> host;
+    for (const auto& i : inputs[0]) {
+      if (i.numel() != out.numel() || i.scalar_type() != out.scalar_type()) {
+        fail("reduce_scatter: every input tensor must match the output in size and dtype");
+      }
+      host.push_back(stage(i, "reduce_scatter").host);
+    }
+    const kolo::ReduceOp op = reduce_op(opts.reduceOp, out.scalar_type(), "reduce_scatter");
+    const auto factor = premul_factor(opts.reduceOp);
+    auto flat = std::make_shared<at::Tensor>(gather_flat(host, out));
+    auto s = std::make_shared<Staged>(stage(out, "reduce_scatter", false));
+    return enqueue(
+        c10d::OpType::REDUCE_SCATTER, "kolo:reduce_scatter", outputs,
+        [this, s, flat, op, factor](Task& task) {
+          if (factor) flat->mul_(*factor);
+          comm_->reduce_scatter(view_of(*flat, "reduce_scatter"), s->view("reduce_scatter"), op);
+          task.after = [s] { s->write_back(); };
+        },
+        is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::_reduce_scatter_base(
@@ -1168,44 +1263,46 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::_reduce_scatter_base(
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter_single(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  if (output.scalar_type() != input.scalar_type()) {
-    fail("reduce_scatter_tensor: output and input dtypes differ");
-  }
-  if (input.numel() != output.numel() * size_) {
-    fail("reduce_scatter_tensor: input has " + std::to_string(input.numel()) +
-         " elements, expected world size x output = " + std::to_string(size_) + " x " +
-         std::to_string(output.numel()));
-  }
-  const kolo::ReduceOp op = reduce_op(opts.reduceOp, output.scalar_type(), "reduce_scatter");
-  const auto factor = premul_factor(opts.reduceOp);
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (output.scalar_type() != input.scalar_type()) {
+      fail("reduce_scatter_tensor: output and input dtypes differ");
+    }
+    if (input.numel() != output.numel() * size_) {
+      fail("reduce_scatter_tensor: input has " + std::to_string(input.numel()) +
+           " elements, expected world size x output = " + std::to_string(size_) + " x " +
+           std::to_string(output.numel()));
+    }
+    const kolo::ReduceOp op = reduce_op(opts.reduceOp, output.scalar_type(), "reduce_scatter");
+    const auto factor = premul_factor(opts.reduceOp);
 #ifdef KOLO_TORCH_CUDA
-  if (on_nccl(input) && on_nccl(output) && input.get_device() == output.get_device()) {
-    dtype_for(input, "reduce_scatter_tensor");
-    // PREMUL_SUM scales a copy (on the caller's stream, before the ready point).
-    const at::Tensor in = factor ? input.mul(*factor) : input;
-    auto ready = std::make_shared<ReadyEvent>(output);
+    if (on_nccl(input) && on_nccl(output) && input.get_device() == output.get_device()) {
+      dtype_for(input, "reduce_scatter_tensor");
+      // PREMUL_SUM scales a copy (on the caller's stream, before the ready point).
+      const at::Tensor in = factor ? input.mul(*factor) : input;
+      auto ready = std::make_shared<ReadyEvent>(output);
+      return enqueue(
+          c10d::OpType::_REDUCE_SCATTER_BASE, "kolo:reduce_scatter_tensor", {output},
+          [this, in, output, ready, op](Task& /*task*/) {
+            auto& c = cuda_->comm(ready->device());
+            ready->block(c.transport().stream());
+            c.reduce_scatter(device_view(in, "reduce_scatter_tensor"),
+                             device_view(output, "reduce_scatter_tensor"), op);
+          },
+          is_sync(opts));
+    }
+#endif
+    // The input is scaled in place for PREMUL_SUM: take a copy then.
+    auto in = std::make_shared<Staged>(stage(factor ? input.clone() : input, "reduce_scatter"));
+    auto out = std::make_shared<Staged>(stage(output, "reduce_scatter", false));
     return enqueue(
         c10d::OpType::_REDUCE_SCATTER_BASE, "kolo:reduce_scatter_tensor", {output},
-        [this, in, output, ready, op](Task& /*task*/) {
-          auto& c = cuda_->comm(ready->device());
-          ready->block(c.transport().stream());
-          c.reduce_scatter(device_view(in, "reduce_scatter_tensor"),
-                           device_view(output, "reduce_scatter_tensor"), op);
+        [this, in, out, op, factor](Task& task) {
+          if (factor) in->host.mul_(*factor);
+          comm_->reduce_scatter(in->view("reduce_scatter"), out->view("reduce_scatter"), op);
+          task.after = [out] { out->write_back(); };
         },
         is_sync(opts));
-  }
-#endif
-  // The input is scaled in place for PREMUL_SUM: take a copy then.
-  auto in = std::make_shared<Staged>(stage(factor ? input.clone() : input, "reduce_scatter"));
-  auto out = std::make_shared<Staged>(stage(output, "reduce_scatter", false));
-  return enqueue(
-      c10d::OpType::_REDUCE_SCATTER_BASE, "kolo:reduce_scatter_tensor", {output},
-      [this, in, out, op, factor](Task& task) {
-        if (factor) in->host.mul_(*factor);
-        comm_->reduce_scatter(in->view("reduce_scatter"), out->view("reduce_scatter"), op);
-        task.after = [out] { out->write_back(); };
-      },
-      is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter_tensor_coalesced(
@@ -1217,34 +1314,36 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> KoloBackend::reduce_scatter_single_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  if (outputs.size() != inputs.size()) fail("reduce_scatter_tensor_coalesced: count mismatch");
-  std::vector<std::pair<std::shared_ptr<Staged>, std::shared_ptr<Staged>>> pairs;
-  std::vector<kolo::ReduceOp> ops;
-  const auto factor = premul_factor(opts.reduceOp);
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].numel() != outputs[i].numel() * size_ ||
-        outputs[i].scalar_type() != inputs[i].scalar_type()) {
-      fail("reduce_scatter_tensor_coalesced: input " + std::to_string(i) +
-           " must be world size x its output, same dtype");
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (outputs.size() != inputs.size()) fail("reduce_scatter_tensor_coalesced: count mismatch");
+    std::vector<std::pair<std::shared_ptr<Staged>, std::shared_ptr<Staged>>> pairs;
+    std::vector<kolo::ReduceOp> ops;
+    const auto factor = premul_factor(opts.reduceOp);
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].numel() != outputs[i].numel() * size_ ||
+          outputs[i].scalar_type() != inputs[i].scalar_type()) {
+        fail("reduce_scatter_tensor_coalesced: input " + std::to_string(i) +
+             " must be world size x its output, same dtype");
+      }
+      ops.push_back(reduce_op(opts.reduceOp, outputs[i].scalar_type(), "reduce_scatter"));
+      pairs.emplace_back(
+          std::make_shared<Staged>(stage(factor ? inputs[i].clone() : inputs[i], "reduce_scatter")),
+          std::make_shared<Staged>(stage(outputs[i], "reduce_scatter", false)));
     }
-    ops.push_back(reduce_op(opts.reduceOp, outputs[i].scalar_type(), "reduce_scatter"));
-    pairs.emplace_back(
-        std::make_shared<Staged>(stage(factor ? inputs[i].clone() : inputs[i], "reduce_scatter")),
-        std::make_shared<Staged>(stage(outputs[i], "reduce_scatter", false)));
-  }
-  return enqueue(
-      c10d::OpType::COALESCED, "kolo:reduce_scatter_tensor_coalesced", outputs,
-      [this, pairs, ops, factor](Task& task) {
-        for (std::size_t i = 0; i < pairs.size(); ++i) {
-          if (factor) pairs[i].first->host.mul_(*factor);
-          comm_->reduce_scatter(pairs[i].first->view("reduce_scatter"),
-                                pairs[i].second->view("reduce_scatter"), ops[i]);
-        }
-        task.after = [pairs] {
-          for (const auto& p : pairs) p.second->write_back();
-        };
-      },
-      is_sync(opts));
+    return enqueue(
+        c10d::OpType::COALESCED, "kolo:reduce_scatter_tensor_coalesced", outputs,
+        [this, pairs, ops, factor](Task& task) {
+          for (std::size_t i = 0; i < pairs.size(); ++i) {
+            if (factor) pairs[i].first->host.mul_(*factor);
+            comm_->reduce_scatter(pairs[i].first->view("reduce_scatter"),
+                                  pairs[i].second->view("reduce_scatter"), ops[i]);
+          }
+          task.after = [pairs] {
+            for (const auto& p : pairs) p.second->write_back();
+          };
+        },
+        is_sync(opts));
+  });
 }
 
 namespace {
@@ -1292,67 +1391,72 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::all_to_all_single(at::Tensor& output
                                                               std::vector<int64_t>& output_splits,
                                                               std::vector<int64_t>& input_splits,
                                                               const c10d::AllToAllOptions& opts) {
-  if (output.scalar_type() != input.scalar_type()) {
-    fail("all_to_all_single: output and input dtypes differ");
-  }
-  const auto send = split_counts(input, input_splits, size_, "input");
-  const auto recv = split_counts(output, output_splits, size_, "output");
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (output.scalar_type() != input.scalar_type()) {
+      fail("all_to_all_single: output and input dtypes differ");
+    }
+    const auto send = split_counts(input, input_splits, size_, "input");
+    const auto recv = split_counts(output, output_splits, size_, "output");
 #ifdef KOLO_TORCH_CUDA
-  const bool even =
-      std::all_of(send.begin(), send.end(), [&](auto c) { return c == send[0]; }) && recv == send;
-  if (even && on_nccl(input) && on_nccl(output) && input.get_device() == output.get_device()) {
-    dtype_for(input, "all_to_all_single");
-    auto ready = std::make_shared<ReadyEvent>(output);
+    const bool even =
+        std::all_of(send.begin(), send.end(), [&](auto c) { return c == send[0]; }) && recv == send;
+    if (even && on_nccl(input) && on_nccl(output) && input.get_device() == output.get_device()) {
+      dtype_for(input, "all_to_all_single");
+      auto ready = std::make_shared<ReadyEvent>(output);
+      return enqueue(
+          c10d::OpType::ALLTOALL_BASE, "kolo:all_to_all_single", {output},
+          [this, input, output, ready](Task& /*task*/) {
+            auto& c = cuda_->comm(ready->device());
+            ready->block(c.transport().stream());
+            c.alltoall(device_view(input, "all_to_all_single"),
+                       device_view(output, "all_to_all_single"));
+          },
+          is_sync(opts));
+    }
+#endif
+    auto in = std::make_shared<Staged>(stage(input, "all_to_all_single"));
+    auto out = std::make_shared<Staged>(stage(output, "all_to_all_single", false));
     return enqueue(
         c10d::OpType::ALLTOALL_BASE, "kolo:all_to_all_single", {output},
-        [this, input, output, ready](Task& /*task*/) {
-          auto& c = cuda_->comm(ready->device());
-          ready->block(c.transport().stream());
-          c.alltoall(device_view(input, "all_to_all_single"),
-                     device_view(output, "all_to_all_single"));
+        [this, in, out, send, recv](Task& task) {
+          comm_->alltoallv(in->view("all_to_all_single"), send, out->view("all_to_all_single"),
+                           recv);
+          task.after = [out] { out->write_back(); };
         },
         is_sync(opts));
-  }
-#endif
-  auto in = std::make_shared<Staged>(stage(input, "all_to_all_single"));
-  auto out = std::make_shared<Staged>(stage(output, "all_to_all_single", false));
-  return enqueue(
-      c10d::OpType::ALLTOALL_BASE, "kolo:all_to_all_single", {output},
-      [this, in, out, send, recv](Task& task) {
-        comm_->alltoallv(in->view("all_to_all_single"), send, out->view("all_to_all_single"), recv);
-        task.after = [out] { out->write_back(); };
-      },
-      is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllToAllOptions& opts) {
-  if (static_cast<int>(outputs.size()) != size_ || static_cast<int>(inputs.size()) != size_) {
-    fail("all_to_all: expects " + std::to_string(size_) + " input and output tensors");
-  }
-  const at::ScalarType st = inputs[0].scalar_type();
-  check_same_dtype(inputs, st, "all_to_all");
-  check_same_dtype(outputs, st, "all_to_all");
-  std::vector<std::size_t> send;
-  std::vector<std::size_t> recv;
-  std::vector<at::Tensor> host;
-  for (const auto& i : inputs) {
-    send.push_back(static_cast<std::size_t>(i.numel()));
-    host.push_back(stage(i, "all_to_all").host);
-  }
-  for (const auto& o : outputs) recv.push_back(static_cast<std::size_t>(o.numel()));
-  auto flat_in = std::make_shared<at::Tensor>(gather_flat(host, inputs[0]));
-  auto outs = std::make_shared<std::vector<at::Tensor>>(outputs);
-  return enqueue(
-      c10d::OpType::ALLTOALL, "kolo:all_to_all", outputs,
-      [this, flat_in, outs, send, recv](Task& task) {
-        auto flat_out = std::make_shared<at::Tensor>(flat_like(*outs, *flat_in));
-        comm_->alltoallv(view_of(*flat_in, "all_to_all"), send, view_of(*flat_out, "all_to_all"),
-                         recv);
-        task.after = [flat_out, outs] { scatter_flat(*flat_out, *outs); };
-      },
-      is_sync(opts));
+  return checked([&]() -> c10::intrusive_ptr<c10d::Work> {
+    if (static_cast<int>(outputs.size()) != size_ || static_cast<int>(inputs.size()) != size_) {
+      fail("all_to_all: expects " + std::to_string(size_) + " input and output tensors");
+    }
+    const at::ScalarType st = inputs[0].scalar_type();
+    check_same_dtype(inputs, st, "all_to_all");
+    check_same_dtype(outputs, st, "all_to_all");
+    std::vector<std::size_t> send;
+    std::vector<std::size_t> recv;
+    std::vector<at::Tensor> host;
+    for (const auto& i : inputs) {
+      send.push_back(static_cast<std::size_t>(i.numel()));
+      host.push_back(stage(i, "all_to_all").host);
+    }
+    for (const auto& o : outputs) recv.push_back(static_cast<std::size_t>(o.numel()));
+    auto flat_in = std::make_shared<at::Tensor>(gather_flat(host, inputs[0]));
+    auto outs = std::make_shared<std::vector<at::Tensor>>(outputs);
+    return enqueue(
+        c10d::OpType::ALLTOALL, "kolo:all_to_all", outputs,
+        [this, flat_in, outs, send, recv](Task& task) {
+          auto flat_out = std::make_shared<at::Tensor>(flat_like(*outs, *flat_in));
+          comm_->alltoallv(view_of(*flat_in, "all_to_all"), send, view_of(*flat_out, "all_to_all"),
+                           recv);
+          task.after = [flat_out, outs] { scatter_flat(*flat_out, *outs); };
+        },
+        is_sync(opts));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> KoloBackend::barrier(const c10d::BarrierOptions& opts) {

@@ -14,6 +14,14 @@
 // order of issue is kept (one thread at a time owns the communicator), and the data is reduced
 // on the core that last touched it, without a hand-off to the worker and back.
 //
+// Refused calls (docs/torch.md, "Errors"): a collective whose arguments the backend refuses
+// (an unsupported dtype or op, a bad root, a list of the wrong length...) raises on the calling
+// thread, as with Gloo, and is refused in its place in the issue order: a task queued like any
+// operation calls Communicator::refuse, so every operation issued before it completes on every
+// rank and each peer's matching call fails at once with this rank's message, instead of waiting
+// for the group's timeout. A collective's body that fails before kolo saw the call (a CUDA
+// tensor on another device, say) refuses the same way.
+//
 // CUDA tensors: in a build with CUDA (KOLO_TORCH_CUDA=1 at install), contiguous CUDA tensors of
 // allreduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single
 // (equal splits) go to a kolo Communicator<NcclTransport> created on the group's first such
@@ -205,6 +213,18 @@ class KoloBackend : public c10d::Backend {
   void stop(bool abort_now, const std::string& why);
   // True when `t` takes the NCCL path (a CUDA build, a contiguous CUDA tensor).
   bool on_nccl(const at::Tensor& t) const;
+
+  // Runs a collective's argument checks and queues it (`issue`, which returns enqueue's work).
+  // When they throw, the call is refused in its place in the issue order (refuse_in_order) and
+  // the error is rethrown to the caller.
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> checked(F&& issue);
+  // Queues (or, with nothing queued or running, runs) a task that refuses the communicators'
+  // next collective call with e's text: the peers' matching call fails with it. Never throws.
+  void refuse_in_order(const std::exception& e);
+  // Refuses the next collective call of the group's communicators (host, and NCCL once it
+  // exists) with `why`. By the thread that owns the communicator.
+  void refuse_now(const std::string& why);
 
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<CudaPath> cuda_;  // nullptr in a CPU build
