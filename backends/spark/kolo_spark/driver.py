@@ -25,12 +25,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import data as data_mod
 from . import timeline as tl
-from .errors import ConfigurationError, KoloSparkError, RankFailedError, StartTimeoutError
+from .errors import (ConfigurationError, KoloSparkError, RankFailedError, StartTimeoutError,
+                     first_failure)
 from .liveness import LivenessServer, print_line
 from .process import NativeProcess, StartError
 from .task import (CONTRACT_VARS, TORCHRUN_VARS, HostKey, RankLaunch, TaskSpec,
-                   barrier_partition, default_host_key, error_from_text, listen_socket,
-                   python_path, reserve_port, scratch_dir)
+                   barrier_partition, default_host_key, error_from_payload, error_from_text,
+                   listen_socket, python_path, reserve_port, scratch_dir)
 from .topology import TaskInfo, compute_topology
 
 DEFAULT_MAX_RESULT_BYTES = 64 << 20
@@ -71,8 +72,10 @@ class RunResult:
 
 class FunctionResults(list):
     """What ``run(spark, n, fn, ...)`` returns: the list of every rank's return value, in rank
-    order, with ``ranks`` (each rank's RankResult: host, local/cross rank, devices, output
-    tail), ``elapsed`` (seconds) and ``timeline`` (the merged timeline's path, or None)."""
+    order, with ``ranks`` (each rank's RankResult: ``rank``, ``exit_code``, ``host``, ``ip``,
+    ``port``, ``local_rank``, ``local_size``, ``cross_rank``, ``cross_size``, ``devices``,
+    ``data_rows``, ``output``, ``leftovers``), ``elapsed`` (seconds) and ``timeline`` (the merged
+    timeline's path, or None)."""
 
     ranks: List[RankResult]
     elapsed: float
@@ -395,9 +398,12 @@ def run(spark, num_proc: int, command: Union[str, Sequence[str], Callable], args
         at spark.driver.maxResultSize / num_proc); a larger one is a ResultTooLargeError.
 
     Raises ConfigurationError before submitting anything for a job that cannot run,
-    RankFailedError naming the first failing rank (RankFunctionError for a function that
-    raised, with its remote traceback), StartTimeoutError. KeyboardInterrupt while the job runs
-    cancels it and returns only once every rank's processes are gone (bounded wait).
+    RankFailedError naming the rank that failed first (RankFunctionError for a function that
+    raised, with its remote traceback; chosen by errors.first_failure: a failure caused by
+    another rank's never wins, then the ranks' own timestamps), with the other ranks' failures
+    in its ``others``; StartTimeoutError. KeyboardInterrupt while the job runs cancels it and
+    returns only once every rank's processes are gone (bounded wait); that needs run() on the
+    main thread (elsewhere Ctrl-C does not reach it: docs/spark.md).
     """
     started_at = time.monotonic()
     origin_us = tl.now_us()
@@ -620,12 +626,46 @@ def _collect(sc, job, group: str, description: str, num_proc: int, start_timeout
             raise StartTimeoutError(monitor.message) from None
         err = error_from_text(str(e))
         if err is None:
+            # Not a rank's failure: the job was cancelled from outside (sc.cancelAllJobs, which
+            # is what PySpark's own Ctrl-C handler does while run() waits on another thread
+            # than the main one), or Spark itself failed. Raised as it is, once the ranks are
+            # gone.
+            hub.wait_all_gone(kill_grace + 15.0)
             raise e
+        if isinstance(err, RankFailedError):
+            # The task that failed the stage is not always the rank that failed first (a
+            # survivor's "rank 1 exited" can fail it before rank 1's own task reports): wait a
+            # moment for every rank's report on the hub.
+            hub.wait_reports(num_proc, FAILURE_GRACE)
         # Spark reports cancelled tasks as ended before their Python workers (and with them the
         # ranks' supervisors) are killed: wait until every rank's process is really gone.
         hub.wait_all_gone(kill_grace + 15.0)
+        if isinstance(err, RankFailedError):
+            err = first_failure([err] + _reported_failures(hub))
         raise err from None
     return box["rows"]
+
+
+# Seconds the driver waits, after a barrier job failed, for the ranks' failure reports that
+# have not arrived yet (each rank's task sends its own as soon as its rank has ended).
+FAILURE_GRACE = 2.0
+
+
+def _reported_failures(hub: LivenessServer) -> List[RankFailedError]:
+    """The ranks' failures from their reports on the hub, of the stage attempt that failed last
+    (a retried barrier stage runs every rank again)."""
+    reports = list(hub.failures.values())
+    if not reports:
+        return []
+    last = max(int(p.get("attempt", 0) or 0) for p in reports)
+    out = []
+    for p in reports:
+        if int(p.get("attempt", 0) or 0) != last:
+            continue
+        err = error_from_payload(p)
+        if isinstance(err, RankFailedError):
+            out.append(err)
+    return out
 
 
 def _cancel_after_interrupt(sc, group: str, done: threading.Event, hub: LivenessServer,
@@ -784,9 +824,10 @@ def _supervise(procs: List[NativeProcess], launches: List[RankLaunch], spec: Tas
                failure_grace: float = 3.0) -> Optional[RankFailedError]:
     """Streams every rank's output until all exit. After the first failure the others get
     ``failure_grace`` seconds to stop on their own (kolo turns a lost peer into an error), then
-    are terminated, as kolo-run does. Returns the first failure."""
+    are terminated, as kolo-run does. Returns the failure to raise: :func:`first_failure` of
+    every rank that failed by itself (the ranks terminated here are not failures of theirs)."""
     deadline = None if spec.timeout is None else time.monotonic() + spec.timeout
-    failure: Optional[RankFailedError] = None
+    failures: Dict[int, RankFailedError] = {}
     stop_at = None
     done = [False] * len(procs)
     while not all(done):
@@ -801,21 +842,23 @@ def _supervise(procs: List[NativeProcess], launches: List[RankLaunch], spec: Tas
                 continue
             done[r] = True
             code = p.terminate()  # exited: reaps it, reads its status
-            if code != 0 and failure is None:
+            if code != 0:
                 try:
                     launches[r].outcome(p)
                 except RankFailedError as e:
-                    failure = e
-                stop_at = time.monotonic() + failure_grace
+                    failures[r] = e
+                if stop_at is None:
+                    stop_at = time.monotonic() + failure_grace
         now = time.monotonic()
-        if failure is None and deadline is not None and now >= deadline:
+        if not failures and deadline is not None and now >= deadline:
             r = next(i for i, d in enumerate(done) if not d)
+            at = time.time()
             procs[r].terminate()
-            failure = launches[r].timeout_error(procs[r])
+            failures[r] = launches[r].timeout_error(procs[r], at)
             stop_at = now
         if stop_at is not None and now >= stop_at:
             for r, p in enumerate(procs):
                 if not done[r]:
                     p.terminate()
                     done[r] = True
-    return failure
+    return first_failure(failures.values())

@@ -36,12 +36,27 @@ def _write_atomic(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _error(path: str, kind: str, exc: BaseException = None, **extra) -> int:
-    record = {"kind": kind}
+def _causes(exc: BaseException, limit: int = 8) -> list:
+    """The exceptions ``exc`` was raised from or while handling (``__cause__``,
+    ``__context__``), nearest first: the driver judges from them too whether the rank's failure
+    is the consequence of another rank's (a kolo error wrapped in the function's own)."""
+    out, seen = [], {id(exc)}
+    cur = exc.__cause__ or exc.__context__
+    while cur is not None and id(cur) not in seen and len(out) < limit:
+        seen.add(id(cur))
+        out.append({"type": _qualified(cur), "message": str(cur)[:2048]})
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _error(path: str, kind: str, exc: BaseException = None, at: float = None, **extra) -> int:
+    """Writes the error record. ``at``: ``time.time()`` when the failure was caught (the driver
+    names the rank that failed first by it); now, when not given."""
+    record = {"kind": kind, "time": time.time() if at is None else at}
     if exc is not None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         record.update(type=_qualified(exc), message=str(exc)[:8192],
-                      traceback=tb[-65536:])
+                      traceback=tb[-65536:], causes=_causes(exc))
         if isinstance(exc, ImportError) and getattr(exc, "name", None):
             record["module"] = exc.name
     record.update(extra)
@@ -97,12 +112,12 @@ def main() -> int:
             if e.code in (None, 0):
                 value = None
             else:
-                ok, err = False, e
+                ok, err, failed_at = False, e, time.time()
         except BaseException as e:  # noqa: B902
-            ok, err = False, e
+            ok, err, failed_at = False, e, time.time()  # the moment it failed: first clock read
     if not ok:
         timeline.end_rank()
-        return _error(result_path, "raise", err)
+        return _error(result_path, "raise", err, at=failed_at)
 
     with timeline.span("pickle result", tid=timeline.KOLO_TID):
         try:

@@ -11,7 +11,9 @@ failure or an interrupt, ``run()`` waits (bounded) for that before it raises.
 
 Wire format: the task sends ``"<rank> <hmac>\\n"`` (HMAC-SHA256 of the rank under the job's
 secret: a connection that cannot prove it is closed), then frames ``kind (1 byte), length
-(4 bytes, big endian), payload``: ``L`` a log line (UTF-8), ``T`` the rank's timeline (JSON).
+(4 bytes, big endian), payload``: ``L`` a log line (UTF-8), ``T`` the rank's timeline (JSON),
+``F`` the rank's failure (JSON: kolo_spark.task.failure_payload), sent as soon as the task knows
+it, before the task fails the Spark stage.
 
 Logs are bounded on the task side: at most ``lines_per_second`` lines per second per rank (a
 burst of one second's worth), each cut to ``line_bytes`` bytes, and at most ``buffer_bytes``
@@ -33,7 +35,7 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 _FRAME = struct.Struct("!cI")
-_MAX_FRAME = {b"L": 1 << 16, b"T": 256 << 20}
+_MAX_FRAME = {b"L": 1 << 16, b"T": 256 << 20, b"F": 16 << 20}
 
 
 def _token(secret: str, rank: int) -> bytes:
@@ -73,6 +75,8 @@ class LivenessServer:
         self.seen = set()
         self.traces: Dict[int, list] = {}
         self.first_line_at: Dict[int, float] = {}  # rank -> time.time() of its first log line
+        self.failures: Dict[int, dict] = {}  # rank -> its failure payload (an F frame)
+        self.gone = set()  # ranks whose connection has closed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="kolo_spark-hub", daemon=True)
         self._thread.start()
@@ -110,8 +114,10 @@ class LivenessServer:
 
     def _drop(self, s: socket.socket) -> None:
         with self._lock:
-            self._open.pop(s, None)
+            rank = self._open.pop(s, None)
             self._buf.pop(s, None)
+            if rank is not None and rank not in self._open.values():
+                self.gone.add(rank)
         s.close()
 
     def _parse(self, s: socket.socket) -> None:
@@ -145,6 +151,14 @@ class LivenessServer:
                     self.traces[rank] = json.loads(payload)
                 except ValueError:
                     pass
+            elif kind == b"F":
+                try:
+                    report = json.loads(payload)
+                except ValueError:
+                    continue
+                if isinstance(report, dict) and report.get("rank") == rank:
+                    with self._lock:  # a retried stage's report replaces the earlier one
+                        self.failures[rank] = report
 
     def _hello(self, s: socket.socket, line: bytes) -> None:
         try:
@@ -161,6 +175,21 @@ class LivenessServer:
     def alive_ranks(self) -> List[int]:
         with self._lock:
             return sorted(r for r in self._open.values() if r is not None)
+
+    def wait_reports(self, num_proc: int, limit: float) -> bool:
+        """Waits until every rank has reported its failure or its connection has closed (a
+        rank that returned, or whose task Spark killed), at most ``limit`` seconds; True when
+        all have."""
+        end = time.monotonic() + limit
+        while True:
+            with self._lock:
+                pending = [r for r in range(num_proc)
+                           if r not in self.failures and r not in self.gone]
+            if not pending:
+                return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
 
     def wait_all_gone(self, limit: float) -> bool:
         end = time.monotonic() + limit
@@ -227,6 +256,16 @@ class HubClient:
         self._out += self._frame(b"L", data)
         self.sent += 1
         self.flush(0.0)
+
+    def failure(self, payload: dict, limit: float = 2.0) -> bool:
+        """Sends this rank's failure report (flushed, waiting up to ``limit`` seconds)."""
+        data = json.dumps(payload).encode()
+        if len(data) > _MAX_FRAME[b"F"]:  # only the output tail is unbounded
+            data = json.dumps(dict(payload, tail=str(payload.get("tail", ""))[-65536:])).encode()
+        if len(data) > _MAX_FRAME[b"F"]:
+            return False
+        self._out += self._frame(b"F", data)
+        return self.flush(limit)
 
     def trace(self, events: list) -> None:
         data = json.dumps(events, separators=(",", ":")).encode()

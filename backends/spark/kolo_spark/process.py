@@ -104,6 +104,8 @@ class NativeProcess:
         self.leftovers: List[dict] = []
         self.started_at: Optional[float] = None  # wall clock (time.time()) of the launch
         self.ended_at: Optional[float] = None
+        # time.time() when the supervisor reaped the program (before ending what it left)
+        self.exited_at: Optional[float] = None
         self._fd: Optional[int] = None
         self._status_fd: Optional[int] = None
         self._status_buf = b""
@@ -315,10 +317,14 @@ class NativeProcess:
         if self._final is not None:
             self.returncode = int(self._final["exit"])
             self.leftovers = list(self._final.get("leftovers") or ())
+            if self._final.get("exited_at") is not None:
+                self.exited_at = float(self._final["exited_at"])
         elif self.returncode is None:
             self.returncode = self._status
         if self.ended_at is None:
             self.ended_at = time.time()
+        if self.exited_at is None:
+            self.exited_at = self.ended_at
 
     # --- output ---
     def output_tail(self) -> str:

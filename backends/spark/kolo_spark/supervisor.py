@@ -23,7 +23,8 @@ Protocol (stdlib only: it runs as ``python -S -m kolo_spark.supervisor STATUS_FD
   supervisor, the last process of the rank, is gone).
 * stdout/stderr: the output pipe, shared with the rank (the task streams it).
 * STATUS_FD: JSON lines for the task: ``{"started": pid}`` or ``{"start_error": text}``, then
-  ``{"exit": status, "leftovers": [...]}`` (status: exit code, or -signal).
+  ``{"exit": status, "leftovers": [...], "exited_at": t}`` (status: exit code, or -signal;
+  ``t``: ``time.time()`` when the program was reaped, before its leftovers were ended).
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class Supervisor:
         self.stop_reason = ""
         self.rank = None
         self.rank_status = None
+        self.rank_exited_at = None  # time.time() when the program was reaped
         self.me = os.getpid()
         self.sid = os.getsid(0)
         self.wake_r, self.wake_w = os.pipe()
@@ -144,6 +146,7 @@ class Supervisor:
             if self.rank is not None and pid == self.rank.pid:
                 self.rank_status = (os.WEXITSTATUS(status) if os.WIFEXITED(status)
                                     else -os.WTERMSIG(status) if os.WIFSIGNALED(status) else -1)
+                self.rank_exited_at = time.time()
 
     def wait_events(self, timeout: float) -> None:
         """Sleeps until a signal (SIGCHLD, SIGTERM, ...), stdin activity, or ``timeout``. Stdin
@@ -273,7 +276,8 @@ class Supervisor:
                 self.end_all(min(grace, 1.0))
         self.reap()
         status = self.rank_status if self.rank_status is not None else -signal.SIGKILL
-        self.status(exit=status, leftovers=leftovers, stopped=self.stop_reason)
+        self.status(exit=status, leftovers=leftovers, stopped=self.stop_reason,
+                    exited_at=self.rank_exited_at)
         return 0
 
 

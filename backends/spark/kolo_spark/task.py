@@ -196,18 +196,38 @@ class TaskFailure(Exception):
     """Raised in a task to fail the Spark stage; carries a payload for the driver."""
 
 
-def raise_task_failure(error: KoloSparkError) -> None:
+def failure_payload(error: KoloSparkError) -> dict:
+    """What a task tells the driver about its failure (JSON-able): in the exception text that
+    fails the Spark stage, and first through the driver's hub (see barrier_partition)."""
     if isinstance(error, RankFunctionError):
-        payload = {"type": "fn", "rank": error.rank, "record": error.record,
-                   "tail": error.output_tail, "host": error.host, "exit_code": error.exit_code}
-    elif isinstance(error, RankFailedError):
-        payload = {"type": "rank", "rank": error.rank, "exit_code": error.exit_code,
-                   "tail": error.output_tail, "host": error.host, "reason": error.reason,
-                   "detail": error.detail}
-    else:
-        kind = {ConfigurationError: "config", SetupError: "setup",
-                StartTimeoutError: "start"}.get(type(error), "other")
-        payload = {"type": kind, "message": str(error)}
+        return {"type": "fn", "rank": error.rank, "record": error.record,
+                "tail": error.output_tail, "host": error.host, "exit_code": error.exit_code,
+                "failed_at": error.failed_at}
+    if isinstance(error, RankFailedError):
+        return {"type": "rank", "rank": error.rank, "exit_code": error.exit_code,
+                "tail": error.output_tail, "host": error.host, "reason": error.reason,
+                "detail": error.detail, "failed_at": error.failed_at}
+    kind = {ConfigurationError: "config", SetupError: "setup",
+            StartTimeoutError: "start"}.get(type(error), "other")
+    return {"type": kind, "message": str(error)}
+
+
+def error_from_payload(p: dict) -> KoloSparkError:
+    """The driver's exception for a failure_payload."""
+    if p.get("type") == "fn":
+        return function_error(p["rank"], p.get("record") or {}, p.get("tail", ""),
+                              p.get("host", ""), p.get("exit_code", 1), p.get("failed_at"))
+    if p.get("type") == "rank":
+        return RankFailedError(p["rank"], p["exit_code"], p.get("tail", ""), p.get("host", ""),
+                               p.get("reason", "exit"), p.get("detail", ""), p.get("failed_at"))
+    cls = {"config": ConfigurationError, "setup": SetupError,
+           "start": StartTimeoutError}.get(p.get("type"), KoloSparkError)
+    return cls(p.get("message", "kolo_spark: a task failed"))
+
+
+def raise_task_failure(error: KoloSparkError, payload: Optional[dict] = None) -> None:
+    if payload is None:
+        payload = failure_payload(error)
     blob = base64.b64encode(json.dumps(payload).encode()).decode()
     raise TaskFailure(f"{error}\n{_MARK}<{blob}>")
 
@@ -221,15 +241,7 @@ def error_from_text(text: str) -> Optional[KoloSparkError]:
         p = json.loads(base64.b64decode(m.group(1)))
     except ValueError:
         return None
-    if p.get("type") == "fn":
-        return function_error(p["rank"], p.get("record") or {}, p.get("tail", ""),
-                              p.get("host", ""), p.get("exit_code", 1))
-    if p.get("type") == "rank":
-        return RankFailedError(p["rank"], p["exit_code"], p.get("tail", ""), p.get("host", ""),
-                               p.get("reason", "exit"), p.get("detail", ""))
-    cls = {"config": ConfigurationError, "setup": SetupError,
-           "start": StartTimeoutError}.get(p.get("type"), KoloSparkError)
-    return cls(p.get("message", "kolo_spark: a task failed"))
+    return error_from_payload(p)
 
 
 @dataclass
@@ -341,11 +353,13 @@ class RankLaunch:
 
     def start_error(self, e: OSError) -> RankFailedError:
         return RankFailedError(self.rank, None, "", self.me.host, "start",
-                               f"{self.what}: {e.strerror or e}")
+                               f"{self.what}: {e.strerror or e}", failed_at=time.time())
 
-    def timeout_error(self, proc: NativeProcess) -> RankFailedError:
+    def timeout_error(self, proc: NativeProcess, at: Optional[float] = None) -> RankFailedError:
+        """``at``: when the timeout struck (``time.time()``; now, when not given)."""
         return RankFailedError(self.rank, proc.returncode, proc.output_tail(), self.me.host,
-                               "timeout", f"timeout={self.spec.timeout:g}s")
+                               "timeout", f"timeout={self.spec.timeout:g}s",
+                               failed_at=time.time() if at is None else at)
 
     def events(self, proc: NativeProcess) -> List[dict]:
         """This rank's timeline events from its process (and, with a timeline, its files)."""
@@ -368,13 +382,13 @@ class RankLaunch:
                 with open(err_path) as f:
                     record = json.load(f)
                 raise function_error(self.rank, record, proc.output_tail(), self.me.host,
-                                     proc.returncode)
+                                     proc.returncode, proc.exited_at)
             detail = ""
             if self.spec.fn_payload is not None and os.path.exists(self.result_path):
                 detail = ("after its function had returned and its result was written "
                           "(the process failed while it ended)")
             raise RankFailedError(self.rank, proc.returncode, proc.output_tail(), self.me.host,
-                                  detail=detail)
+                                  detail=detail, failed_at=proc.exited_at)
         value = None
         if self.spec.fn_payload is not None:
             with open(self.result_path, "rb") as f:
@@ -403,8 +417,9 @@ def run_rank(spec: TaskSpec, topology: List[RankTopology], rank: int, listener: 
             listener.close()  # the rank holds it now
         code = proc.wait(timeout=spec.timeout)
         if code is None and proc.timed_out:
+            at = time.time()
             proc.terminate()
-            raise launch.timeout_error(proc)
+            raise launch.timeout_error(proc, at)
     finally:
         proc.terminate()
         if events is not None:
@@ -480,7 +495,17 @@ def barrier_partition(spec: TaskSpec, iterator):
                                               tl.KOLO_TID))
                     hub.trace(events)
         except KoloSparkError as e:
-            raise_task_failure(e)
+            payload = failure_payload(e)
+            try:
+                payload["attempt"] = int(ctx.stageAttemptNumber())
+            except Exception:  # noqa: B902 (an older PySpark)
+                payload["attempt"] = 0
+            if hub is not None:
+                # First to the driver's hub: the task that fails the stage first is not always
+                # the rank that failed first, and Spark kills the other tasks once the stage
+                # fails; the driver names the first failure from every rank's report.
+                hub.failure(payload)
+            raise_task_failure(e, payload)
         yield (json.dumps(run.result), run.value)
     finally:
         if listener is not None:

@@ -25,13 +25,17 @@ class Callback:
     """Hooks the training loop calls on every rank (subclass it and override what you need).
 
     ``logs`` holds the epoch's metrics, already averaged over the ranks (``loss``, ``val_loss``,
-    each metric and ``val_`` metric, ``epoch``, ``epoch_time``). Raising an exception stops the
-    fit: ``fit`` raises it on the driver (``kolo_spark.RankFunctionError``); the checkpoint of
-    every completed epoch is in the store, and a fit with the same ``run_id`` resumes there."""
+    each metric and ``val_`` metric, ``train_time``, ``val_time``, ``rows_per_second``) and
+    ``epoch``, the epoch's number counted from 1 (as in the log line ``epoch 2/4``), while the
+    ``epoch`` argument of ``on_epoch_begin``/``on_epoch_end`` is 0-based. Raising an exception
+    stops the fit: ``fit`` raises it on the driver (``kolo_spark.RankFunctionError``); the
+    checkpoint of every completed epoch is in the store, and a fit with the same ``run_id``
+    resumes there."""
 
     def on_train_begin(self, logs: Dict[str, Any]) -> None:
-        """Before the first epoch of this fit; ``logs``: ``start_epoch``, ``epochs``, ``rank``,
-        ``size``."""
+        """Before the first epoch of this fit; ``logs``: ``start_epoch`` (epochs the checkpoint
+        had finished already: the 0-based index of this fit's first epoch), ``epochs``,
+        ``rank``, ``size``."""
 
     def on_epoch_begin(self, epoch: int) -> None:
         """Before epoch ``epoch`` (0-based)."""
