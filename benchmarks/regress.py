@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""regress.py — this build's allreduce next to another build's, interleaved, at every size.
+"""regress.py — this build's collective next to another build's, interleaved, at every size.
 
 A regression check for docs/performance.md's N = 2/4/8 tables: kolo-bench of --build ("kolo")
 and of --base-build ("base", e.g. an older checkout built the same way) run the same bands as
@@ -25,8 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402  (the same bands, runner and medians as the main sweep)
 
 
-def sweep(runner, transport, n, bands):
-    docs = [runner.bench_json(runner.command("kolo-" + transport, n) + band) for band in bands]
+def sweep(runner, transport, n, bands, coll):
+    docs = [runner.bench_json(runner.command("kolo-" + transport, n) + ["-C", coll] + band)
+            for band in bands]
     return compare.merge_rows(docs)
 
 
@@ -35,6 +36,8 @@ def main():
     ap.add_argument("--build", default="build-bench", help="this build (default build-bench)")
     ap.add_argument("--base-build", required=True, help="the build to compare against")
     ap.add_argument("--ranks", default="2,4,8", help="rank counts (default 2,4,8)")
+    ap.add_argument("--coll", default="allreduce",
+                    help="kolo-bench's collective (-C): allreduce (default), broadcast, ...")
     ap.add_argument("--transports", default="shm,tcp", help="shm, tcp or both (default)")
     ap.add_argument("--repeats", type=int, default=5, help="runs per build and case (default 5)")
     ap.add_argument("--quick", action="store_true", help="compare.py's quick bands")
@@ -68,14 +71,14 @@ def main():
             for t in transports:
                 for label in order:
                     t0 = time.time()
-                    raw[(label, t, n)].append(sweep(runners[label], t, n, bands))
+                    raw[(label, t, n)].append(sweep(runners[label], t, n, bands, args.coll))
                     compare.log(f"repeat {rep + 1}/{args.repeats}  N={n}  {t}  {label}  "
                                 f"{time.time() - t0:6.1f} s")
     load_after = os.getloadavg()
 
     med = {k: compare.median_table(v, k[2]) for k, v in raw.items()}
     print(f"regress.py {started}: {os.cpu_count()} cores, load {load_before[0]:.2f} before / "
-          f"{load_after[0]:.2f} after; {args.repeats} repeats, interleaved; "
+          f"{load_after[0]:.2f} after; {args.coll}; {args.repeats} repeats, interleaved; "
           f"kolo = {os.path.abspath(args.build)}, base = {os.path.abspath(args.base_build)}; "
           f"out-of-place time µs, median (worst); marked: kolo slower than base by more than "
           f"{args.tolerance:.0%} in the median\n")
@@ -103,6 +106,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"started": started, "load": [load_before[0], load_after[0]],
+                       "collective": args.coll,
                        "repeats": args.repeats,
                        "raw": {f"{lab}/{t}/{n}": v for (lab, t, n), v in raw.items()},
                        "medians": {f"{lab}/{t}/{n}": v for (lab, t, n), v in med.items()}},

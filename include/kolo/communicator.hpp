@@ -92,6 +92,11 @@ struct CommunicatorOptions {
   // inside the host of its neighbours (KOLO_HIERARCHICAL_CHUNK_BYTES; 0: no chunks). Every rank
   // must use the same value.
   std::size_t hierarchical_chunk_bytes = 4 << 20;
+  // Broadcast, scatter, gather and the tree reduce begin with a zero-byte barrier, so that a
+  // call refused on one rank fails on every rank, the root's included (KOLO_ROOTED_AGREEMENT;
+  // false: a root or sender returns once its part is done, and a peer's error of that call
+  // reaches it at its next call). The same on every rank.
+  bool rooted_agreement = true;
   // Deprecated (KOLO_SMALL_ALLREDUCE_BYTES): recursive doubling up to this many bytes, ring
   // above — the fixed rule the Selector replaced. Ignored when allreduce_rules are given.
   std::optional<std::size_t> small_allreduce_bytes;
@@ -386,7 +391,6 @@ class Communicator {
   // throws its own error after it. For layers that check a call's arguments before handing it
   // over (the C ABI, kolo_torch). Nothing happens when the communicator has already failed.
   void refuse(const Error& e) {
-    if (size() == 1) return;
     begin_call(seq_ + 1);
     if (!transport_->aborted()) transport_->abort(e);
   }
@@ -453,12 +457,12 @@ class Communicator {
   // a gather's senders only send), so a call refused on one rank could complete on another. A
   // zero-byte dissemination barrier stamped with the call's own signature, run before any data
   // moves, makes every rank's return depend on every rank having accepted the call (and catches
-  // a different count or root at the first exchange): ceil(log2 N) zero-byte rounds. Only on
-  // transports that order errors by call (the mesh); elsewhere a peer's error fails whatever
-  // call runs anyway.
+  // a different count or root at the first exchange): ceil(log2 N) zero-byte rounds, which make
+  // these calls synchronizing (measured in docs/reliability.md; KOLO_ROOTED_AGREEMENT=0 turns
+  // it off). Only on transports that order errors by call (the mesh, MPI point-to-point).
   void agree(const AlgoOptions& opt) {
     if constexpr (OrderedErrors<T>) {
-      if (size() > 1) barrier_dissemination(*transport_, opt);
+      if (opts_.rooted_agreement && size() > 1) barrier_dissemination(*transport_, opt);
     }
   }
 
@@ -1015,10 +1019,10 @@ void Communicator<T>::broadcast(TensorView data, int root) {
       [&](const AlgoOptions& opt) {
         check_cpu(data, "broadcast buffer");
         check_root(root, "broadcast");
+        agree(opt);
         if constexpr (HasNativeBroadcast<T>) {
           if (transport_->native_broadcast(data.data, data.count, data.dtype, root, opt)) return;
         }
-        agree(opt);
         BroadcastArgs a;
         a.data = data.data;
         a.nbytes = data.bytes();

@@ -5,6 +5,9 @@
 //
 //   contract_cpp TRIALS SEED
 //
+// Built with KOLO_CONTRACT_MPI (tests/mpi), the same trials run under mpirun on MpiTransport
+// (kolo's algorithms over MPI point-to-point), one transport over MPI_COMM_WORLD per trial.
+//
 // Each trial builds a Communicator<> from the environment, runs 1-4 good collectives whose
 // values it checks, and then one rank (drawn from the seed, the same draw on every rank) gets the
 // next call wrong: overlapping buffers, a root out of range, an output of the wrong size, a count
@@ -22,8 +25,23 @@
 #include <vector>
 
 #include <kolo/kolo.hpp>
+#if defined(KOLO_CONTRACT_MPI)
+#include <kolo/transport/mpi.hpp>
+#endif
 
 namespace {
+
+#if defined(KOLO_CONTRACT_MPI)
+using Comm = kolo::Communicator<kolo::MpiTransport>;
+Comm make_comm() {
+  return Comm(std::make_unique<kolo::MpiTransport>(MPI_COMM_WORLD));
+}
+#else
+using Comm = kolo::Communicator<>;
+Comm make_comm() {
+  return Comm::from_env();
+}
+#endif
 
 enum class Kind { overlap, bad_root, bad_count, mismatch, refused, count };
 const char* const kKindNames[] = {"overlap", "bad root", "bad count", "mismatch", "refuse()"};
@@ -36,8 +54,7 @@ void fail(int rank, int trial, const std::string& what) {
 }
 
 // One good collective; false (after fail) when it did not hold.
-bool good_call(kolo::Communicator<>& comm, std::mt19937_64& rng, int trial, int refuser,
-               bool last) {
+bool good_call(Comm& comm, std::mt19937_64& rng, int trial, int refuser, bool last) {
   const int r = comm.rank(), n = comm.size();
   const int which = last ? 0 : static_cast<int>(rng() % 3);
   const std::size_t count = 1 + rng() % (last ? (1u << 18) : 4096u);
@@ -75,7 +92,7 @@ bool good_call(kolo::Communicator<>& comm, std::mt19937_64& rng, int trial, int 
 }
 
 // The wrong call (on the refusing rank) or the matching good one (on the others).
-void last_call(kolo::Communicator<>& comm, Kind k, bool refusing) {
+void last_call(Comm& comm, Kind k, bool refusing) {
   const std::size_t n = 64;
   std::vector<float> a(n * static_cast<std::size_t>(comm.size()) + 8, 1.0f);
   std::vector<float> b(a.size(), 0.0f);
@@ -124,7 +141,7 @@ int main(int argc, char** argv) {
   int per_kind[static_cast<int>(Kind::count)] = {};
   double slowest = 0;
   for (int t = 0; t < trials && g_failures == 0; ++t) {
-    auto comm = kolo::Communicator<>::from_env();
+    auto comm = make_comm();
     rank = comm.rank();
     const double deadline = comm.transport().timeout_seconds();
     std::mt19937_64 rng(seed * 1000003u + static_cast<unsigned>(t));

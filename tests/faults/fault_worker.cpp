@@ -214,9 +214,9 @@ int bad_argument(const std::string& what) {
     std::fprintf(stderr, "unknown bad argument '%s'\n", what.c_str());
     return kOther;
   }
-  // The root of a broadcast depends on no other rank: its sends are buffered (a shared-memory
-  // slot, a socket buffer), so it can return before a receiver fails. The error then surfaces
-  // at its next collective; say so, so the driver can tell this from an error that never came.
+  // No rank may return from the refused call (the error contract: a broadcast's root too, whose
+  // sends alone would not wait for the others — rooted calls agree on entry); say so if one
+  // does, so the driver can tell this from an error that never came.
   say("KOLO_RETURNED rank=" + rank_label + " " + what + " returned; calling barrier");
   c->barrier();
   return no_error(what + " completed");

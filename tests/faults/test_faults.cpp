@@ -133,10 +133,9 @@ TEST_CASE("invalid argument on one rank reaches all") {
       expect_all_ranks(r, np, "ConfigError", {c.needle});
       const auto reports = fault_reports(r.out);
       if (reports.size() != static_cast<std::size_t>(np)) continue;
-      // Only the root of the broadcast may return before the error reaches it (its sends are
-      // buffered; see fault_worker); it then fails at its next collective, with the same error.
-      CHECK(count_of(r.out, "KOLO_RETURNED") ==
-            count_of(r.out, "[0] KOLO_RETURNED rank=0 bad-root returned"));
+      // No rank returns from the refused call, the broadcast's root included (the error
+      // contract, docs/reliability.md: rooted collectives agree on entry).
+      CHECK(count_of(r.out, "KOLO_RETURNED") == 0);
       const std::string origin = reports.at("1").what;
       CHECK(!contains(origin, "[reported by"));
       for (const char* other : {"0", "2"}) {
@@ -144,6 +143,14 @@ TEST_CASE("invalid argument on one rank reaches all") {
       }
     }
   }
+  // KOLO_ROOTED_AGREEMENT=0: the broadcast's root may return from the refused call (its sends
+  // wait for nobody) and then fails at its next call with the same error; no other rank returns.
+  const JobResult r =
+      kolo_run(np, {"bad-root"},
+               {"KOLO_TRANSPORT=shm", "KOLO_TIMEOUT_SECONDS=20", "KOLO_ROOTED_AGREEMENT=0"});
+  expect_all_ranks(r, np, "ConfigError", {"root 3 is not a rank"});
+  CHECK(count_of(r.out, "KOLO_RETURNED") ==
+        count_of(r.out, "[0] KOLO_RETURNED rank=0 bad-root returned"));
 }
 
 // The same errors on the routed transport across two "hosts" (host keys: tests/netns/

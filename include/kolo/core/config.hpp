@@ -341,6 +341,18 @@ inline constexpr Var hierarchical_chunk_bytes{
     "4194304",
     "the hierarchical allreduce's pipelining unit in bytes: a tensor of at least twice this is cut "
     "into chunks whose ring across hosts overlaps the rings inside the host (0: no chunks)"};
+inline constexpr Var rooted_agreement{
+    "KOLO_ROOTED_AGREEMENT",
+    Kind::flag,
+    Section::selection,
+    Reader::communicator,
+    0,
+    1,
+    "1",
+    "rooted collectives (broadcast, scatter, gather, the tree reduce) begin with a zero-byte "
+    "barrier, so that a call refused on one rank fails on every rank (0: a root or a sender "
+    "returns once its own part is done, as in NCCL and Gloo, and gets such an error at its next "
+    "call); the same on every rank"};
 inline constexpr Var allreduce{"KOLO_ALLREDUCE",
                                Kind::rules,
                                Section::selection,
@@ -774,6 +786,7 @@ inline std::span<const Var* const> all_vars() {
       &vars::segment_bytes,
       &vars::zero_copy_bytes,
       &vars::hierarchical_chunk_bytes,
+      &vars::rooted_agreement,
       &vars::allreduce,
       &vars::broadcast,
       &vars::allgather,

@@ -1,5 +1,6 @@
 // kolo/detail/communicator_impl.hpp — CommunicatorOptions' definitions (communicator.hpp):
-// reading KOLO_SEGMENT_BYTES, KOLO_TUNING and the per-collective algorithm rules.
+// reading KOLO_SEGMENT_BYTES, KOLO_ROOTED_AGREEMENT, KOLO_TUNING and the per-collective algorithm
+// rules.
 //
 // They instantiate the rule parser of every collective: header-only, communicator.hpp includes
 // this file; with the compiled core only the library does (core/compiled_core.hpp,
@@ -28,6 +29,7 @@ KOLO_IMPL_INLINE CommunicatorOptions CommunicatorOptions::from_env(const EnvLook
   if (auto v = config::get_int(env, config::vars::hierarchical_chunk_bytes)) {
     o.hierarchical_chunk_bytes = static_cast<std::size_t>(*v);
   }
+  if (auto v = config::get_flag(env, config::vars::rooted_agreement)) o.rooted_agreement = *v;
   read_algorithm_rules(env, o);
   o.tuning = TuningSource::from_env(env);
   return o;

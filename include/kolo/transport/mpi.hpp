@@ -333,6 +333,7 @@ struct ControlMessage {
   std::uint64_t sent_to_you = 0;        // goodbye: messages sent to the receiver
   std::uint64_t received_from_you = 0;  // goodbye: messages received from the receiver
   std::uint64_t collectives_done = 0;   // goodbye: native collectives completed
+  std::uint64_t seq = 0;                // abort: the call it belongs to (RemoteAbort::seq)
   char reason[2048] = {};
 };
 inline constexpr std::size_t kControlHeaderBytes = offsetof(ControlMessage, reason);
@@ -517,6 +518,23 @@ class MpiTransport {
   bool aborted() const { return aborted_; }
   [[noreturn]] void rethrow() const { throw_error(error_kind_, error_what_); }
 
+  // Errors ordered by collective call (transport.hpp, OrderedErrors), as in MeshTransport: a
+  // peer's error of a later call than the one this rank is in is held until this rank begins
+  // that call; after begin_call, aborted() says whether the call may run.
+  void begin_call(std::uint64_t seq) {
+    call_seq_ = seq;
+    if (!aborted_ && held_seq_ != 0 && held_seq_ <= seq) {
+      abort_origin_ = held_origin_;
+      abort_seq_ = held_seq_;
+      held_seq_ = 0;
+      try {
+        throw_error(held_kind_, held_what_);
+      } catch (const Error& e) {
+        abort(e);
+      }
+    }
+  }
+
   // Records err as this transport's fatal error and sends it to every peer (a small eager
   // message on the control tag); outstanding receives are cancelled so that MPI writes no more
   // into buffers the caller is about to free. The process stays alive: no MPI_Abort.
@@ -531,6 +549,7 @@ class MpiTransport {
     m.token = token_;
     m.kind = static_cast<std::int32_t>(err.kind());
     m.origin = abort_origin_ >= 0 ? abort_origin_ : rank_;
+    m.seq = abort_origin_ >= 0 ? abort_seq_ : call_seq_;
     const std::string reason = err.what();
     const std::size_t n = std::min(reason.size(), sizeof(m.reason) - 1);
     std::memcpy(m.reason, reason.data(), n);
@@ -831,11 +850,21 @@ class MpiTransport {
       post_control_recv();
       if (m.magic != detail::mpi::kControlMagic || m.token != token_) continue;  // stale
       if (m.type == detail::mpi::kControlAbort) {
-        abort_origin_ = m.origin;
         std::string msg(m.reason, strnlen(m.reason, sizeof(m.reason)));
         if (msg.find("[reported by rank") == std::string::npos) {
           msg += " [reported by rank " + std::to_string(m.origin) + "]";
         }
+        if (m.seq != 0 && m.seq > call_seq_) {  // a later call's: hold it (the earliest one)
+          if (held_seq_ == 0 || m.seq < held_seq_) {
+            held_seq_ = m.seq;
+            held_kind_ = static_cast<ErrorKind>(m.kind);
+            held_origin_ = m.origin;
+            held_what_ = std::move(msg);
+          }
+          continue;
+        }
+        abort_origin_ = m.origin;
+        abort_seq_ = m.seq;
         throw_error(static_cast<ErrorKind>(m.kind), msg);
       }
       if (m.type == detail::mpi::kControlGoodbye && from >= 0 && from < size_) {
@@ -1133,6 +1162,13 @@ class MpiTransport {
   ErrorKind error_kind_ = ErrorKind::generic;
   std::string error_what_;
   int abort_origin_ = -1;
+  std::uint64_t abort_seq_ = 0;  // the call of a forwarded error (with abort_origin_)
+  std::uint64_t call_seq_ = 0;   // the collective call this rank is in (begin_call)
+  // A peer's error of a later call, held (held_seq_ 0: none).
+  std::uint64_t held_seq_ = 0;
+  ErrorKind held_kind_ = ErrorKind::generic;
+  int held_origin_ = -1;
+  std::string held_what_;
 };
 
 static_assert(check_transport<MpiTransport>());
