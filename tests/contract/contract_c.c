@@ -5,13 +5,14 @@
  *
  *   contract_c TRIALS SEED
  *
- * Each trial builds a communicator (kolo_comm_init_env), runs 1-4 good collectives whose values
- * it checks, and then one rank (drawn from the seed: every rank draws the same) refuses the next
- * call: a bad dtype, a bad op, overlapping buffers, a root out of range, a count that does not
- * fit, or a count that differs from the other ranks' (a mismatch the others detect). The last
- * good call before it is often a broadcast rooted at the refusing rank, so that rank returns
- * while the others are still copying: the window in which an error used to fail the earlier
- * call. Every rank prints "KOLO_CONTRACT_PASS rank=R" when all its trials held. */
+ * Each trial builds a communicator (kolo_comm_init_env, whose tuning probe is a collective too),
+ * runs 0-4 good collectives whose values it checks, and then one rank (drawn from the seed: every
+ * rank draws the same) refuses the next call: a bad dtype, a bad op, overlapping buffers, a root
+ * out of range, a count that does not fit, or a count that differs from the other ranks' (a
+ * mismatch the others detect). The last good call before it is often a broadcast rooted at the
+ * refusing rank, so that rank returns while the others are still copying: the window in which an
+ * error used to fail the earlier call. Every rank prints "KOLO_CONTRACT_PASS rank=R" when all its
+ * trials held. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
 #include <stdint.h>
@@ -148,7 +149,7 @@ int main(int argc, char** argv) {
     {
       const int refuser = draw_below(size);
       const enum kind k = (enum kind)draw_below(KINDS);
-      const int pre = 1 + draw_below(4);
+      const int pre = draw_below(5); /* 0: refused right after kolo_comm_init_env */
       int i, bad = 0;
       char tag[32];
       double began, took;
