@@ -4,9 +4,11 @@
 #
 #   install_deps PACKAGE...     (defaults to everything the build and the tests use)
 # openssh-server: the kolo-run-over-ssh test (tests/netns/ssh_hosts.sh) starts real sshds; it
-# brings openssh-client (ssh, ssh-keygen), which the launcher tests use too.
+# brings openssh-client (ssh, ssh-keygen), which the launcher tests use too. nftables: the packet
+# loss and drop-all partition fault tests (tests/faults/netns_faults.sh), which fail in CI
+# without it. python3: .ci/ctest_report.py, which judges tests/run.sh's ctest runs.
 KOLO_ALL_PACKAGES=(cmake ninja-build g++ libssl-dev doctest-dev libopenmpi-dev openmpi-bin libgloo-dev
-  libbenchmark-dev iproute2 clang-format clang libclang-rt-dev openssh-server)
+  libbenchmark-dev iproute2 nftables clang-format clang libclang-rt-dev openssh-server python3)
 
 install_deps() {
   local packages=("$@")

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # tests/run.sh — the test command (README's second command; .ci/run calls it): on a fresh
 # Debian 12 machine, install what is missing, build kolo (Release) into build-ci, run every CTest
-# test and print ctest's summary. The exit code is ctest's.
+# test and print ctest's summary, the 20 slowest tests and the seconds per label. The exit code is
+# ctest's, or 1 where ctest passed but a registered test did not run, or skipped without being on
+# tests/common/skip_allowlist.txt (.ci/ctest_report.py; KOLO_TEST_REQUIRE_GPU=1, on a GPU
+# machine, takes the GPU tests off that list). The configure makes the test dependencies
+# REQUIRED (KOLO_REQUIRE_TEST_DEPS=ON): a missing MPI, Gloo, Google Benchmark or libFuzzer fails
+# it instead of registering fewer tests.
 #
 # Knobs (environment): CI_JOBS (default 2: CI machines have 2 cores and tests run 8 ranks),
 # CI_BUILD_DIR (default build-ci), CI_BUILD_TYPE (default Release), KOLO_TIMEOUT_SECONDS
@@ -11,7 +16,7 @@
 # KOLO_CI_SANITIZERS (default 1: after the main tests, build and run the CI-sized ASan+UBSan and
 # TSan suites of CMakePresets.json (asan-ci, tsan-ci: the compiled core and the multi-process,
 # engine and in-process algorithm suites built on it, the optimizer, launcher and soak tests) in
-# build-asan and build-tsan; 0 skips them).
+# build-asan and build-tsan; 0 skips them; their runs are judged the same way).
 # With the sanitizers on, the exit code is the first non-zero of the main run and the suites.
 set -euo pipefail
 
@@ -28,6 +33,31 @@ export KOLO_TIMEOUT_SECONDS=${KOLO_TIMEOUT_SECONDS:-30}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 section() { printf '\n==== %s ====\n' "$*"; }
+
+# ctest_judged NAME SLOWEST CTEST-ARGS...: runs ctest with the arguments (behind the command in
+# the array ctest_prefix, if any), then .ci/ctest_report.py on its JUnit file against what the
+# same selection registers (ctest --show-only=json-v1), printing the SLOWEST slowest tests and the
+# seconds per label (0: neither). Returns ctest's exit code, or 1 where ctest's was 0 and the
+# report failed.
+ctest_prefix=()
+ctest_judged() {
+  local name=$1 slowest=$2 out rc=0 report_rc=0
+  shift 2
+  out=$(mktemp -d "${TMPDIR:-/tmp}/kolo-ctest-report.XXXXXX")
+  "${ctest_prefix[@]}" ctest --output-junit "$out/run.xml" "$@" || rc=$?
+  # The same arguments list what the selection registers (-j and output options do not matter).
+  ctest --show-only=json-v1 "$@" >"$out/tests.json" 2>/dev/null || true
+  if [[ -s $out/run.xml && -s $out/tests.json ]]; then
+    python3 "$repo/.ci/ctest_report.py" --name "$name" --slowest "$slowest" \
+      --junit "$out/run.xml" --tests "$out/tests.json" || report_rc=$?
+  else
+    echo "$name: FAILED: no JUnit file or no test list from ctest"
+    report_rc=1
+  fi
+  rm -rf "$out"
+  if ((rc == 0 && report_rc != 0)); then rc=1; fi
+  return "$rc"
+}
 
 # --- dependencies: only what dpkg says is missing ---
 # shellcheck source=.ci/install-deps.sh
@@ -54,7 +84,7 @@ section "configure ($build_type) into $build_dir"
 # The libtorch example (examples/libtorch) builds against the venv's torch wheel.
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" \
   -DCMAKE_CXX_FLAGS_RELEASE="${CI_CXX_FLAGS_RELEASE:--O2 -DNDEBUG}" \
-  -DKOLO_FUZZ_SECONDS="${CI_FUZZ_SECONDS:-0}" \
+  -DKOLO_FUZZ_SECONDS="${CI_FUZZ_SECONDS:-0}" -DKOLO_REQUIRE_TEST_DEPS=ON \
   -DKOLO_WITH_LIBTORCH=ON -DKOLO_TORCH_PYTHON="${KOLO_PYTHON_ENV:-python3}"
 
 section "build"
@@ -64,7 +94,7 @@ section "test"
 # ctest's own summary lists the failures; its exit code is this script's, so no `set -e` here.
 set +e
 # shellcheck disable=SC2086 # CI_CTEST_ARGS is a list of words on purpose
-ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" ${CI_CTEST_ARGS:-}
+ctest_judged ctest 20 --test-dir "$build_dir" --output-on-failure -j "$jobs" ${CI_CTEST_ARGS:-}
 rc=$?
 set -e
 
@@ -77,16 +107,16 @@ if [[ ${KOLO_CI_SANITIZERS:-1} != 0 ]]; then
     started=$SECONDS
     # TSan's runtime maps its shadow at fixed addresses; kernels with more mmap randomisation
     # than it expects (vm.mmap_rnd_bits > 28) break that, so TSan runs with ASLR off.
-    no_aslr=()
+    ctest_prefix=()
     if [[ $preset == tsan ]] && command -v setarch >/dev/null; then
-      no_aslr=(setarch "$(uname -m)" -R)
+      ctest_prefix=(setarch "$(uname -m)" -R)
     fi
     set +e
     (
       set -e
       cmake --preset "$preset" >/dev/null
       cmake --build --preset "$preset-ci" -j "$jobs"
-      "${no_aslr[@]}" ctest --preset "$preset-ci" -j "$jobs"
+      ctest_judged "$preset" 0 --preset "$preset-ci" -j "$jobs"
     )
     sanitizer_rc=$?
     set -e

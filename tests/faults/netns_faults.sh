@@ -9,13 +9,17 @@
 # and run as root); where it still cannot be used, the case is skipped (exit 77). With
 # `want-nft` it is installed the same way, but the case runs without it (and says what it left
 # out). The driver learns the outcome from KOLO_NETNS_NFT. Exit 77 also
-# where namespaces cannot be made (not root, no CAP_SYS_ADMIN). Namespaces PREFIX-h1/-h2 on
-# SUBNET.0/24 are removed on exit, whatever happens.
+# where namespaces cannot be made (not root, no CAP_SYS_ADMIN). In CI (CI set) each of these is a
+# failure instead, `want-nft` without nftables too (tests/common/skip.sh): CI runs as root and
+# .ci/install-deps.sh installs nftables. Namespaces PREFIX-h1/-h2 on SUBNET.0/24 are removed on
+# exit, whatever happens.
 set -euo pipefail
 driver=$1 prefix=$2 subnet=$3 case=$4 need_nft=${5:-}
 here=$(cd "$(dirname "$0")" && pwd)
 netns="$here/../netns/netns.sh"
 export NETNS_SUBNET=$subnet
+# shellcheck source=../common/skip.sh
+source "$here/../common/skip.sh"
 
 "$netns" check || exit $?
 
@@ -40,8 +44,10 @@ if ! nft_works && ! command -v nft >/dev/null 2>&1 && [[ -n $need_nft ]] &&
 fi
 if nft_works; then nft_ok=1; fi
 if [[ $need_nft == nft && $nft_ok == 0 ]]; then
-  echo "netns_faults: skipped: nftables is not usable in network namespaces here" >&2
-  exit 77
+  kolo_skip no-nftables "netns_faults: nftables is not usable in network namespaces here"
+fi
+if [[ $need_nft == want-nft && $nft_ok == 0 ]] && ! kolo_skip_allowed no-nftables; then
+  kolo_skip no-nftables "netns_faults: nftables is not usable here: $case would run without it"
 fi
 
 cleanup() { "$netns" down "$prefix" 2 >/dev/null 2>&1 || true; }

@@ -12,7 +12,8 @@
 //                                   collectives end in a PeerLostError naming it
 //   gpu_ranks no-device             on a machine without a GPU: a ConfigError naming it, on
 //                                   every rank (exit 77, skipped, where a GPU exists)
-// Exit 77 (CTest's skip) with a message when a mode needs a GPU and there is none.
+// Exit 77 (CTest's skip) with a message when a mode needs a GPU and there is none: the reasons
+// no-gpu and gpu-present of tests/common/skip.hpp (KOLO_TEST_REQUIRE_GPU=1 fails the first).
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -27,6 +28,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "../common/skip.hpp"
 
 namespace {
 
@@ -462,14 +465,13 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "no-device") {
     if (device_count() > 0) {
-      std::printf("SKIP: this machine has a CUDA device; the no-device error is not reachable\n");
-      return 77;
+      return kolo_test::skip_exit_code(
+          "gpu-present", "this machine has a CUDA device; the no-device error is not reachable");
     }
     return run_expect_error("no CUDA device");
   }
   if (device_count() == 0) {
-    std::printf("SKIP: no CUDA device on this machine\n");
-    return 77;
+    return kolo_test::skip_exit_code("no-gpu", "no CUDA device on this machine");
   }
   if (mode == "collectives") return run_collectives(argc > 2 && std::string(argv[2]) == "hosts");
   if (mode == "expect-error" && argc > 2) return run_expect_error(argv[2]);

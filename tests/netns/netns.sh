@@ -13,7 +13,8 @@
 #
 # Usage:
 #   netns.sh check                    exit 0 if namespaces can be made here, else say why, exit 77
-#                                     (CTest: SKIP_RETURN_CODE 77)
+#                                     (CTest: SKIP_RETURN_CODE 77); in CI (CI set) exit 1 instead:
+#                                     CI runs as root, where namespaces work (tests/common/skip.sh)
 #   netns.sh up PREFIX N              create bridge and N namespaces (tears down leftovers first)
 #   netns.sh down PREFIX N            remove them (also any namespaces beyond N left by older runs)
 #   netns.sh limit PREFIX N RATE [BURST]
@@ -26,7 +27,8 @@
 set -euo pipefail
 
 readonly SUBNET="${NETNS_SUBNET:-10.77.0}"
-readonly SKIP=77
+# shellcheck source=../common/skip.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../common/skip.sh"
 
 die() {
   echo "netns.sh: $*" >&2
@@ -52,27 +54,22 @@ check_args() {
 
 cmd_check() {
   if [[ $(id -u) -ne 0 ]]; then
-    echo "netns.sh: skipped: network namespaces need root (running as uid $(id -u))" >&2
-    exit "$SKIP"
+    kolo_skip no-netns "netns.sh: network namespaces need root (running as uid $(id -u))"
   fi
   if ! have ip; then
-    echo "netns.sh: skipped: the 'ip' command (iproute2) is not installed" >&2
-    exit "$SKIP"
+    kolo_skip no-netns "netns.sh: the 'ip' command (iproute2) is not installed"
   fi
   if ! ip netns list >/dev/null 2>&1; then
-    echo "netns.sh: skipped: 'ip netns' does not work here: $(ip netns list 2>&1 | head -1)" >&2
-    exit "$SKIP"
+    kolo_skip no-netns "netns.sh: 'ip netns' does not work here: $(ip netns list 2>&1 | head -1)"
   fi
   # Root inside an unprivileged container can list but not create: try it for real.
   local probe="knsprobe$$"
   if ! ip netns add "$probe" 2>/dev/null; then
-    echo "netns.sh: skipped: cannot create a network namespace (no CAP_SYS_ADMIN?)" >&2
-    exit "$SKIP"
+    kolo_skip no-netns "netns.sh: cannot create a network namespace (no CAP_SYS_ADMIN?)"
   fi
   ip netns delete "$probe"
   if ! ip link add "$probe" type bridge 2>/dev/null; then
-    echo "netns.sh: skipped: cannot create a bridge (no bridge support in this kernel?)" >&2
-    exit "$SKIP"
+    kolo_skip no-netns "netns.sh: cannot create a bridge (no bridge support in this kernel?)"
   fi
   ip link delete "$probe"
   return 0

@@ -6,7 +6,8 @@
 # Brings up HOSTS namespaces on a private bridge (netns.sh), runs RANKS_PER_HOST ranks in each
 # with the routed transport (shared memory inside a namespace, TCP between them), and checks
 # with the worker's own assertions that the routes follow the hosts and every result is exact.
-# Exit 77 (CTest skip) where namespaces cannot be made (not root, no CAP_SYS_ADMIN).
+# Exit 77 (CTest skip) where namespaces cannot be made (not root, no CAP_SYS_ADMIN); in CI 1
+# (netns.sh check, tests/common/skip.sh).
 set -euo pipefail
 kolo_run=$1 worker=$2 prefix=$3 subnet=$4 hosts=$5 per_host=$6
 shift 6  # the rest goes to the worker (e.g. a doctest -tc filter)

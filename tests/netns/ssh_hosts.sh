@@ -25,21 +25,19 @@
 # "No process left" means: no process whose command line holds the run's unique marker.
 #
 # Needs root (namespaces, sshd) and /usr/sbin/sshd. Outside CI a missing prerequisite skips the
-# test (exit 77); in CI (CI set) it fails: .ci/install-deps.sh installs openssh-server.
+# test (exit 77); in CI (CI set) it fails (tests/common/skip.sh): .ci/install-deps.sh installs
+# openssh-server.
 set -euo pipefail
 kolo_run=$1 probe=$2 prefix=$3 subnet=$4
 here=$(cd "$(dirname "$0")" && pwd)
 export NETNS_SUBNET=$subnet
 
+# shellcheck source=../common/skip.sh
+source "$here/../common/skip.sh"
+
 say() { echo "ssh_hosts: $*"; }
-missing() {
-  if [[ -n ${CI:-} ]]; then
-    echo "ssh_hosts: FAILED: $* (CI must run this test: .ci/install-deps.sh installs openssh-server)" >&2
-    exit 1
-  fi
-  echo "ssh_hosts: skipped: $*" >&2
-  exit 77
-}
+# In CI a failure (tests/common/skip.sh): .ci/install-deps.sh installs openssh-server.
+missing() { kolo_skip missing-dependency "ssh_hosts: $*"; }
 
 [[ -x /usr/sbin/sshd ]] || missing "/usr/sbin/sshd is not installed (Debian package openssh-server)"
 for tool in ssh ssh-keygen; do

@@ -8,13 +8,13 @@
 host    the extension loaded is the CUDA build (kolo_torch._C.built_with_cuda()); 2 ranks run
         the collectives of the NCCL path on CPU tensors through it (exact), and the group
         never creates an NCCL communicator for them (no GPU needed).
-device  needs a GPU (exit 77 without one, as kolo's GPU tests). nccl-np1: one rank, every
-        NCCL-path collective on CUDA tensors of every dtype (exact), a tensor written on a side
-        stream just before the call (kolo's stream must wait for it), a non-contiguous and a
-        rooted collective on CUDA tensors (staged through the host), CPU and CUDA tensors
-        interleaved in one group. staged-np2: two ranks sharing GPU 0 with KOLO_NCCL=0 (the
-        transport stages device buffers through pinned host memory). nccl-np2: two ranks, one
-        GPU each (needs 2 GPUs; NCCL refuses two ranks on one GPU).
+device  needs a GPU (exit 77 without one, as kolo's GPU tests; 1 with KOLO_TEST_REQUIRE_GPU=1).
+        nccl-np1: one rank, every NCCL-path collective on CUDA tensors of every dtype (exact), a
+        tensor written on a side stream just before the call (kolo's stream must wait for it), a
+        non-contiguous and a rooted collective on CUDA tensors (staged through the host), CPU and
+        CUDA tensors interleaved in one group. staged-np2: two ranks sharing GPU 0 with
+        KOLO_NCCL=0 (the transport stages device buffers through pinned host memory). nccl-np2:
+        two ranks, one GPU each (needs 2 GPUs; NCCL refuses two ranks on one GPU).
 """
 import datetime
 import os
@@ -142,8 +142,13 @@ if __name__ == "__main__":
         if what == "device":
             gpus = torch.cuda.device_count()
             if gpus == 0:
-                print("no CUDA device: the device checks need a GPU (skipped)")
-                sys.exit(77)
+                # tests/common/kolo_skip.py: 77, allowed in CI (no-gpu); 1 where
+                # KOLO_TEST_REQUIRE_GPU=1 says this machine must have one.
+                sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                "..", "common"))
+                import kolo_skip
+
+                kolo_skip.exit_skip("no-gpu", "no CUDA device: the device checks need a GPU")
             configs = [c for c in DEVICE if c.get("gpus", 1) <= gpus]
             print(f"{gpus} GPU(s): {[c['name'] for c in configs]}")
         else:

@@ -1,6 +1,8 @@
 // Compression policies (kolo/compression/compressor.hpp): the fp16/bf16 round trip stays within
 // the wire format's rounding bound for normal, subnormal, huge and NaN inputs, on the F16C path
 // and the scalar path alike (they must agree bit for bit), and KOLO_COMPRESSION picks a policy.
+// Without F16C/AVX2 the path comparisons end early: a skip outside CI, a failure in CI
+// (tests/common/skip.hpp), where the machine must have them.
 //
 // The bounds (round to nearest even, p significant bits, unit roundoff u = 2^-p):
 //   float16  (p = 11, u = 2^-11): normal |x| in [2^-14, 65504]: |q(x) - x| <= u·|x|;
@@ -22,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../common/skip.hpp"
 #include "kolo/compression/compressor.hpp"
 
 using kolo::Bf16Compressor;
@@ -185,8 +188,7 @@ TEST_CASE("compression: fp16 huge values saturate to Inf, NaN stays NaN with its
 TEST_CASE("compression: the F16C path and the scalar path agree bit for bit") {
 #ifdef KOLO_HAVE_F16C_DISPATCH
   if (!kolo::detail::cpu_has_f16c()) {
-    MESSAGE("this CPU has no F16C: only the scalar path runs");
-    return;
+    KOLO_TEST_SKIP_CASE("cpu-feature", "this CPU has no F16C: only the scalar path runs");
   }
   std::mt19937 rng(11);
   auto x = any_bits(rng, 1 << 20);
@@ -223,15 +225,14 @@ TEST_CASE("compression: the F16C path and the scalar path agree bit for bit") {
   }
   CHECK(differ == 0);
 #else
-  MESSAGE("not an x86 build: only the scalar path exists");
+  KOLO_TEST_SKIP_CASE("cpu-feature", "not an x86 build: only the scalar path exists");
 #endif
 }
 
 TEST_CASE("compression: the AVX2 bfloat16 path and the scalar path agree bit for bit") {
 #ifdef KOLO_HAVE_F16C_DISPATCH
   if (!kolo::detail::cpu_has_avx2()) {
-    MESSAGE("this CPU has no AVX2: only the scalar path runs");
-    return;
+    KOLO_TEST_SKIP_CASE("cpu-feature", "this CPU has no AVX2: only the scalar path runs");
   }
   std::mt19937 rng(12);
   auto x = any_bits(rng, 1 << 20);  // NaNs, infinities, subnormals, every exponent
@@ -263,7 +264,8 @@ TEST_CASE("compression: the AVX2 bfloat16 path and the scalar path agree bit for
   }
   CHECK(differ == 0);
 #else
-  MESSAGE("no AVX2 dispatch on this platform: only the scalar path runs");
+  KOLO_TEST_SKIP_CASE("cpu-feature",
+                      "no AVX2 dispatch on this platform: only the scalar path runs");
 #endif
 }
 
