@@ -1,6 +1,7 @@
 // doctest main for multi-process workers: every rank runs the same test cases in the same order
 // (collectives must be called in the same order everywhere), and the exit code is non-zero on
-// any failed check, which kolo-run passes on to CTest.
+// any failed check, which kolo-run passes on to CTest; so is a run whose filters matched no test
+// case (doctest_ran_nothing.hpp), on every rank.
 //
 // This file holds doctest's implementation and nothing of kolo's communicator: the connection is
 // made by kolo_test::connect_before_tests(), defined by the program's test file (mp_common.hpp),
@@ -12,6 +13,8 @@
 #include <cstdio>
 
 #include <kolo/core/error.hpp>
+
+#include "../doctest_ran_nothing.hpp"
 
 namespace kolo_test {
 void connect_before_tests();
@@ -27,5 +30,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "setup failed: %s: %s\n", kolo::error_kind_name(e.kind()), e.what());
     return 3;
   }
-  return ctx.run();
+  return kolo_test::ran_nothing_exit_code(ctx.run(), argv[0]);
 }
