@@ -3,7 +3,9 @@
 //
 // Inputs are small integers chosen so every summation order is exact in every dtype (sums of at
 // most 8 ranks stay below 127 and below float16's 2048), so results are checked exactly; the
-// one inexact step, the division of a floating-point average, is allowed one ulp.
+// one inexact step, the division of a floating-point average, is allowed one ulp. Random
+// float16/bfloat16 data is checked apart, against a float32-accumulated reference within the
+// rounding bound of n-1 additions.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -121,7 +123,12 @@ TEST_CASE("allgather and allgatherv: every dtype x count - in-place and out-of-p
   for (DataType dt : kolo::all_dtypes) {
     kolo::visit_dtype(dt, [&](auto tag) {
       using T = decltype(tag);
-      for (std::size_t count : kCounts) {
+      for (std::size_t listed : kCounts) {
+        // Each rank's input, scaled by 1/n in the largest case as reduce_scatter's block is: the
+        // output stays near 1048579 elements whatever the rank count, and each rank's block
+        // (131073+ elements, 512 KiB+ in 4-byte types at 8 ranks) still spans several 256 KiB
+        // ring segments.
+        const std::size_t count = listed == 1048579 ? (listed + un - 1) / un : listed;
         std::vector<T> in(count), out(count * un, from_double<T>(99));
         for (std::size_t i = 0; i < count; ++i) in[i] = from_double<T>(gather_value<T>(r, i));
         c.allgather(TensorView(in.data(), count, dt), TensorView(out.data(), out.size(), dt));
@@ -355,6 +362,97 @@ TEST_CASE("allreduce: results are bit-identical on every rank (random floats)") 
           CHECK_MESSAGE(differ == 0, label("allreduce bit-identical", dt, count, "", op, true)
                                          << " algorithm "
                                          << kolo::algorithm_name(c.last_allreduce_algorithm()));
+        }
+      }
+    });
+  }
+}
+
+namespace {
+
+// Rank q's random half-precision input (the same sequence on every rank, so each rank can build
+// the reference on its own).
+template <class T>
+std::vector<T> half_input(int q, std::size_t count) {
+  std::mt19937_64 rng(0x68616c66u + static_cast<unsigned>(q));
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<T> v(count);
+  for (auto& x : v) x = T(dist(rng));
+  return v;
+}
+
+// How far a half-precision sum of n ranks' values may be from the float32-accumulated
+// reference. However an algorithm orders the additions (a ring's chain, a tree's or
+// halving-doubling's pairs, a direct reduction), each element is the result of at most n-1
+// additions, and each rounds its partial sum to the element type at most once, so the error is
+// at most gamma(n-1) * sum|x_i| with gamma(k) = k*u / (1 - k*u) and u the unit roundoff (2^-11
+// for float16, 2^-8 for bfloat16); plus half float16's smallest subnormal (2^-25) per addition,
+// for sums that cancel into the subnormal range, and the reference's own float32 error
+// (n * 2^-24 * sum|x_i|). A lost, doubled or misplaced contribution is off by about |x_i|
+// (~0.5), far outside this bound (at most 0.028 * sum|x_i| for bfloat16 on 8 ranks).
+template <class T>
+double half_sum_tolerance(int n, double sum_abs) {
+  const double u = std::is_same_v<T, kolo::float16> ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+  const double k = n - 1;
+  return k * u / (1 - k * u) * sum_abs + k * std::ldexp(1.0, -25) +
+         n * std::ldexp(1.0, -24) * sum_abs;
+}
+
+}  // namespace
+
+TEST_CASE("allreduce and reduce_scatter: float16/bfloat16 random data, float32 reference") {
+  // The matrix's integer inputs are exact in every order; these are not: random values in
+  // [-1, 1], so each element's result is checked against the sum accumulated in float32 within
+  // the bound above, and the allreduce's result must have the same bits on every rank.
+  auto& c = comm();
+  const int n = c.size(), r = c.rank();
+  const auto un = static_cast<std::size_t>(n);
+  for (DataType dt : {DataType::float16, DataType::bfloat16}) {
+    kolo::visit_dtype(dt, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (is_half_v<T>) {
+        // 300007 elements: 586 KiB, several 256 KiB ring segments (the reduce_scatter's input
+        // is cut into n blocks of it).
+        for (std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{300007}}) {
+          const std::size_t block = (count + un - 1) / un;
+          const std::size_t total = block * un;  // reduce_scatter's input: n blocks
+          std::vector<float> ref(total, 0.0f);
+          std::vector<double> sum_abs(total, 0.0);
+          for (int q = 0; q < n; ++q) {
+            const std::vector<T> x = half_input<T>(q, total);
+            for (std::size_t i = 0; i < total; ++i) {
+              ref[i] += static_cast<float>(x[i]);
+              sum_abs[i] += std::fabs(static_cast<double>(static_cast<float>(x[i])));
+            }
+          }
+          auto off_by = [&](const T* got, std::size_t first, std::size_t k) {
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < k; ++i) {
+              const double err = std::fabs(static_cast<double>(static_cast<float>(got[i])) -
+                                           static_cast<double>(ref[first + i]));
+              wrong += !(err <= half_sum_tolerance<T>(n, sum_abs[first + i]));
+            }
+            return wrong;
+          };
+
+          std::vector<T> v = half_input<T>(r, count);
+          c.allreduce(TensorView(v.data(), count, dt), ReduceOp::sum);
+          CHECK_MESSAGE(off_by(v.data(), 0, count) == 0,
+                        label("allreduce vs float32 reference", dt, count, "in-place")
+                            << " algorithm " << kolo::algorithm_name(c.last_allreduce_algorithm()));
+          std::vector<T> all(count * un);
+          c.allgather(TensorView(v.data(), count, dt), TensorView(all.data(), all.size(), dt));
+          std::size_t differ = 0;
+          for (std::size_t q = 1; q < un; ++q)
+            differ += std::memcmp(all.data(), all.data() + q * count, count * sizeof(T)) != 0;
+          CHECK_MESSAGE(differ == 0, label("allreduce bit-identical", dt, count, ""));
+
+          std::vector<T> in = half_input<T>(r, total);
+          std::vector<T> out(block);
+          c.reduce_scatter(TensorView(in.data(), total, dt), TensorView(out.data(), block, dt),
+                           ReduceOp::sum);
+          CHECK_MESSAGE(off_by(out.data(), static_cast<std::size_t>(r) * block, block) == 0,
+                        label("reduce_scatter vs float32 reference", dt, block, "out-of-place"));
         }
       }
     });
