@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Every c10d collective through the "kolo" backend, with exact checks (integer-valued data).
+"""Every c10d collective through the "kolo" backend, with exact checks (integer-valued data):
+reduce_scatter with every op, the coalesced forms included.
 
 Driver: `python tests/torch/test_collectives.py [--only NAME]` starts the ranks itself (see
 harness.py). init_process_group("kolo") is called WITHOUT importing kolo_torch: torch must find
 the backend through its entry point.
 """
 import datetime
+import math
 import os
 import sys
 
@@ -160,6 +162,47 @@ def rank_main(r, n, config):
     dist.reduce_scatter_tensor(o, torch.arange(2 * n, dtype=torch.float32) + r)
     want = torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) * n + n * (n - 1) / 2
     check(torch.equal(o, want), f"reduce_scatter_tensor {o}")
+    # reduce_scatter with every op (list form on int64, tensor form on float32): rank r gets
+    # element k of its block reduced over q of (q*10 + r + 1 + k) (list), of 2r + k + q (tensor)
+    ops = {dist.ReduceOp.SUM: sum, dist.ReduceOp.PRODUCT: math.prod,
+           dist.ReduceOp.MIN: min, dist.ReduceOp.MAX: max}
+    for op, fold in ops.items():
+        o = torch.zeros(2, dtype=torch.int64)
+        dist.reduce_scatter(o, [torch.arange(2, dtype=torch.int64) + r * 10 + q + 1
+                                for q in range(n)], op=op)
+        want = [fold(q * 10 + r + 1 + k for q in range(n)) for k in range(2)]
+        check(o.tolist() == want, f"reduce_scatter {op}: {o.tolist()} != {want}")
+    for op, fold in list(ops.items()) + [(dist.ReduceOp.AVG, lambda v: sum(v) / n)]:
+        o = torch.zeros(2)
+        dist.reduce_scatter_tensor(o, torch.arange(2 * n, dtype=torch.float32) + r, op=op)
+        want = [float(fold([2 * r + k + q for q in range(n)])) for k in range(2)]
+        check(o.tolist() == want, f"reduce_scatter_tensor {op}: {o.tolist()} != {want}")
+    # the coalesced forms (torch's _coalescing_manager: one all_gather_single_coalesced and one
+    # reduce_scatter_single_coalesced call), with a large tensor across several ring segments
+    big = 100003
+    ins = [torch.full((2,), float(r)), torch.arange(big, dtype=torch.float32) % 5 + r]
+    outs = [torch.zeros(2 * n), torch.zeros(big * n)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    cm.wait()
+    check(torch.equal(outs[0], torch.arange(n).repeat_interleave(2).float()),
+          f"coalesced all_gather_into_tensor {outs[0]}")
+    want = torch.cat([torch.arange(big, dtype=torch.float32) % 5 + q for q in range(n)])
+    check(torch.equal(outs[1], want), "coalesced all_gather_into_tensor: large tensor")
+    for op, fold in ((dist.ReduceOp.SUM, sum), (dist.ReduceOp.MAX, max)):
+        ins = [torch.arange(3 * n, dtype=torch.float32) + r,
+               (torch.arange(big * n, dtype=torch.float32) % 7) * (r + 1)]
+        outs = [torch.zeros(3), torch.zeros(big)]
+        with dist._coalescing_manager(async_ops=True) as cm:
+            for o, i in zip(outs, ins):
+                dist.reduce_scatter_tensor(o, i, op=op)
+        cm.wait()
+        want = [float(fold([3 * r + k + q for q in range(n)])) for k in range(3)]
+        check(outs[0].tolist() == want, f"coalesced reduce_scatter_tensor {op}: {outs[0]}")
+        mine = torch.arange(r * big, (r + 1) * big, dtype=torch.float32) % 7
+        want = mine * (n * (n + 1) / 2 if op == dist.ReduceOp.SUM else n)
+        check(torch.equal(outs[1], want), f"coalesced reduce_scatter_tensor {op}: large tensor")
     # all_to_all_single, even and with split sizes; all_to_all with lists
     inp = torch.arange(2 * n, dtype=torch.float32) + 100 * r
     outp = torch.zeros(2 * n)
