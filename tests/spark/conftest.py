@@ -2,6 +2,8 @@
 
 Native binaries come from the environment (run_pytest.sh passes the CTest-built ones):
 KOLO_DEMO_BIN (examples/allreduce_demo), KOLO_SHARD_SUM_BIN (examples/spark/shard_sum).
+In CI (CI set) every skip is a failure (tests/common/kolo_skip.py): a missing dependency is
+never a skip, here or anywhere in the suite.
 """
 
 import os
@@ -12,17 +14,31 @@ import time
 import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "tests", "common"))
+import kolo_skip  # noqa: E402
 try:
     import kolo_spark  # noqa: F401
 except ImportError:  # not pip-installed: use the source tree
     sys.path.insert(0, os.path.join(REPO, "backends", "spark"))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    kolo_skip.fail_skips_in_ci(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    kolo_skip.fail_skips_in_ci(outcome.get_result())
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "kolo_torch: needs kolo_torch installed (CTest runs these "
-                            "as spark/kolo_ddp, after torch/install)")
+                            "in spark/kolo_torch, after torch/install)")
     config.addinivalue_line("markers", "estimator: kolo_spark.torch's estimator suite (CTest "
-                            "spark/estimator, after torch/install)")
+                            "spark/kolo_torch, after torch/install)")
 
 
 def _binary(var):

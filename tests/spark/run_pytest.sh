@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/spark/run_pytest.sh — the Spark backend's pytest suite (CTest: spark/pytest, spark/kolo_ddp).
+# tests/spark/run_pytest.sh — the Spark backend's pytest suite (CTest: spark/pytest, spark/kolo_torch).
 #
 # Runs tests/spark with the cached Python test environment (tests/pyenv.sh: pyspark 3.5.7,
 # torch, cloudpickle, pytest), the kolo_spark sources on PYTHONPATH, and the native binaries
@@ -7,7 +7,7 @@
 #   KOLO_DEMO_BIN       examples/allreduce_demo
 #   KOLO_SHARD_SUM_BIN  examples/spark/shard_sum (target kolo_spark_shard_sum)
 # Java 17 is installed from Debian when missing (as root). A missing dependency is a failure,
-# never a skip. Extra arguments go to pytest (e.g. -k local_mode, -m kolo_torch).
+# never a skip; in CI (CI set) every skip is a failure (conftest.py, tests/common/kolo_skip.py). Extra arguments go to pytest (e.g. -k local_mode, -m kolo_torch).
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -1,6 +1,6 @@
 """kolo_spark.torch: TorchEstimator / TorchModel against real pyspark (local[4]) and real torch,
 training with DDP over the kolo backend (kolo_torch must be installed: CTest runs this module as
-spark/estimator after torch/install).
+spark/kolo_torch after torch/install).
 
 Problems made here: regression y = Xw + b + N(0, 0.1^2) (documented: validation MSE <= 0.015,
 weights within 0.05 of w) and two spirals (documented: validation accuracy >= 0.95), each at 1, 2

@@ -12,7 +12,7 @@ that merely reached the driver first; the others attached as ``.others``.
   timing, in every try (20 of 20 in local mode, 12 of 12 on barrier tasks);
 * run() called from a thread other than the main one;
 * the same failure through torch.distributed on the kolo backend (marker kolo_torch; CTest
-  spark/kolo_ddp; KOLO_FIRST_FAILURE_TORCH_TRIES per runner, default 1).
+  spark/kolo_torch; KOLO_FIRST_FAILURE_TORCH_TRIES per runner, default 1).
 """
 
 import os

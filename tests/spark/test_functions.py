@@ -16,7 +16,7 @@ import pytest
 import kolo_spark
 from conftest import kill_leftovers, process_gone, spark_session, wait_gone
 
-pyspark = pytest.importorskip("pyspark")
+import pyspark  # noqa: E402  (a missing pyspark is an error, never a skip)
 
 # The executors cannot import this test module: its functions travel by value.
 from pyspark import cloudpickle  # noqa: E402

@@ -6,8 +6,7 @@ import subprocess
 import sys
 import zipfile
 
-import pytest
-
+import kolo_skip  # tests/common (conftest.py puts it on the path)
 from conftest import REPO
 
 
@@ -31,7 +30,8 @@ def test_wheel_builds(tmp_path):
         cmd.insert(4, "--no-build-isolation")
     proc = subprocess.run(cmd, cwd=tmp_path, timeout=300, capture_output=True, text=True)
     if proc.returncode != 0 and "--no-build-isolation" not in cmd:
-        pytest.skip(f"cannot build (build isolation needs setuptools from PyPI): {proc.stderr[-300:]}")
+        kolo_skip.pytest_skip("no-offline-build", "cannot build (build isolation needs setuptools "
+                              f"from PyPI): {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr
     [wheel] = [f for f in os.listdir(out) if f.endswith(".whl")]
     assert wheel.startswith("kolo_spark-0.2.0-")
@@ -71,7 +71,7 @@ def test_in_tree_pip_builds_leave_git_clean():
     # git must ignore both, so a developer's install never shows up as changes.
     if not os.path.isdir(os.path.join(REPO, ".git")) and \
             not os.path.isfile(os.path.join(REPO, ".git")):
-        pytest.skip("not a git checkout")
+        kolo_skip.pytest_skip("not-a-git-checkout", "not a git checkout")
     paths = ["backends/spark/build/lib/kolo_spark/driver.py",
              "backends/spark/kolo_spark.egg-info/PKG-INFO"]
     proc = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO,

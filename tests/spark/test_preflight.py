@@ -6,10 +6,10 @@ import time
 
 import pytest
 
+import pyspark  # noqa: F401  (a missing pyspark is an error, never a skip)
+
 import kolo_spark
 from conftest import spark_session
-
-pytest.importorskip("pyspark")
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +28,14 @@ def test_dynamic_allocation_is_ignored_on_a_local_master(spark):
 
 
 def test_gpu_problem_reported_quickly(spark):
+    # Refused on the driver before any barrier task is asked for: without the check the job
+    # would wait for GPU slots until start_timeout. So the bound is a fraction of that deadline
+    # (a missed check costs all of it), not a wall-clock constant.
+    start_timeout = 60.0
     t0 = time.monotonic()
     with pytest.raises(kolo_spark.ConfigurationError) as e:
-        kolo_spark.run(spark, 2, "true", use_gpu=True)
-    assert time.monotonic() - t0 < 2
+        kolo_spark.run(spark, 2, "true", use_gpu=True, start_timeout=start_timeout)
+    assert time.monotonic() - t0 < start_timeout / 4
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
     assert "spark.task.resource.gpu.amount" in str(e.value)
     assert "dynamicAllocation" not in str(e.value)

@@ -11,7 +11,7 @@ import pytest
 import kolo_spark
 from conftest import DEMO_LINE, kill_leftovers, read_pids, spark_session, wait_gone
 
-pyspark = pytest.importorskip("pyspark")
+import pyspark  # noqa: E402  (a missing pyspark is an error, never a skip)
 
 ENV = {"KOLO_TIMEOUT_SECONDS": "60"}
 
