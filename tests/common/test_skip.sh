@@ -7,12 +7,18 @@
 # made-up JUnit file: a skipped test off the list, and a registered test missing from the run,
 # each fail the report.
 #
-#   test_skip.sh [PYTHON]   PYTHON (default python3) runs kolo_skip.py; the pytest part needs
-#                           pytest in it (the test venv of tests/pyenv.sh has it)
+#   test_skip.sh [PYTHON]   PYTHON runs kolo_skip.py and pytest (default: the test venv of
+#                           tests/pyenv.sh, which has pytest)
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-py=${1:-python3}
+py=${1:-}
+if [[ -z $py ]]; then
+  py=$(bash "$repo/tests/pyenv.sh") || {
+    echo "FAILED: the Python test environment (tests/pyenv.sh) could not be had"
+    exit 1
+  }
+fi
 failures=0
 work=$(mktemp -d "${TMPDIR:-/tmp}/kolo-skip-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
