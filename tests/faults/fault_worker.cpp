@@ -22,6 +22,13 @@
 //   KOLO_TEST_ADDRS         the address the rank advertises to its peers (KOLO_ADDR)
 //   KOLO_TEST_DELAY_MS      sleep this long before connecting (a late rank)
 //
+// KOLO_TEST_SABOTAGE (one value for every rank) makes `chaos` misreport a fault on purpose, to
+// show that the kill trials' checks fail when a survivor does not see the loss as documented:
+//   timeout  ignore the error, wait out KOLO_TIMEOUT_SECONDS, then report a TimeoutError naming
+//            the peer (a survivor that never noticed the loss and hit its deadline)
+//   late     report the real error, but only after KOLO_TIMEOUT_SECONDS (noticed at the deadline)
+//   blame    report a PeerLostError at once that names this rank as the lost one
+//
 // Exit codes: 0 success, 3 a kolo::Error was caught (the expected outcome of most modes), 4 an
 // expected error did not happen, 5 a result had wrong numbers, 6 anything else.
 // `rank` is KOLO_RANK as written in the environment until a communicator exists, because the
@@ -511,6 +518,26 @@ bool run_step(Comm& c, const Step& s, long it, bool hierarchical_ok) {
   }
 }
 
+// report(e), or the misreport KOLO_TEST_SABOTAGE asks for (see the header).
+int sabotaged_report(const kolo::Error& e) {
+  const char* how = std::getenv("KOLO_TEST_SABOTAGE");
+  const std::string sabotage = how ? how : "";
+  if (sabotage.empty()) return report(e);
+  const char* t = std::getenv("KOLO_TIMEOUT_SECONDS");
+  const double deadline = t ? std::atof(t) : 30.0;
+  if (sabotage == "timeout" || sabotage == "late") {
+    std::this_thread::sleep_for(std::chrono::duration<double>(deadline));
+  }
+  if (sabotage == "timeout") {
+    return report(kolo::TimeoutError("timed out after " + std::string(t ? t : "30") +
+                                     " s waiting for a peer: " + e.what()));
+  }
+  if (sabotage == "blame") {
+    return report(kolo::PeerLostError("rank " + rank_label + " exited or was killed (sabotage)"));
+  }
+  return report(e);
+}
+
 // `iterations` <= 0: until a fault (bounded at 60 s, after which NOERROR is reported).
 int random_collectives(std::uint64_t seed, long iterations, std::size_t max_elems) {
   announce();
@@ -532,7 +559,7 @@ int random_collectives(std::uint64_t seed, long iterations, std::size_t max_elem
     }
     c->barrier();
   } catch (const kolo::Error& e) {
-    const int code = report(e);
+    const int code = sabotaged_report(e);
     // As in kill_mid_allreduce: keep kolo-run's verdict about who failed first deterministic.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     return code;
