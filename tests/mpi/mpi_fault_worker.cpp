@@ -11,7 +11,8 @@
 //   throw   an exception escapes main       -> std::terminate, the same
 //   config  bad arguments (ConfigError)     -> every rank: ConfigError [reported by rank 1]
 //   ok      nothing: all ranks succeed, exit 0 and MPI is finalized by kolo
-// Each surviving rank prints "rank R caught <ErrorClass>: <message>" and exits 2.
+// Each surviving rank prints "rank R caught <ErrorClass>: <message>" and exits 2 (config: after
+// a barrier, so that mpirun cannot end the job before every rank has printed).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -54,6 +55,11 @@ int run(const std::string& which) {
   } catch (const kolo::Error& e) {
     std::printf("rank %d caught %s: %s\n", r, kolo::error_kind_name(e.kind()), e.what());
     std::fflush(stdout);
+    // config: every rank reports. mpirun ends the whole job as soon as one rank exits non-zero,
+    // so a rank that exited first could cut a slower one short before its line (seen 2 in 20
+    // runs); the test demands every rank's line, so they leave together (MPI_COMM_WORLD is
+    // intact: kolo works on a duplicate).
+    if (which == "config") MPI_Barrier(MPI_COMM_WORLD);
     return 2;
   }
   std::printf("rank %d done\n", r);
