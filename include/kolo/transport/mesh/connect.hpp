@@ -133,11 +133,19 @@ class MeshConnector {
 
     // Barriers are entered by every rank, with or without local peers, or they would not meet.
     std::vector<std::size_t> local_index;
-    if (need_shm) local_index = create_shm(token, links);
-    boot_.barrier("shm-created");
-    if (need_shm) map_peers_shm(token, links, local_index);
-    if (need_tcp) connect_tcp(std::move(listener), infos, links, dl);
-    boot_.barrier("mesh-ready");
+    // From the first name this rank creates until the names are removed below, a failure of
+    // set-up (a peer that never connects, a bad address, a stranger) removes them here: the
+    // peers that mapped them keep their mappings, and nothing is left in /dev/shm.
+    try {
+      if (need_shm) local_index = create_shm(token, links);
+      boot_.barrier("shm-created");
+      if (need_shm) map_peers_shm(token, links, local_index);
+      if (need_tcp) connect_tcp(std::move(listener), infos, links, dl);
+      boot_.barrier("mesh-ready");
+    } catch (...) {
+      if (need_shm) ShmSegment::unlink_names(token, rank_);
+      throw;
+    }
     // Everyone has mapped everything: remove the names so a crash cannot leak them.
     if (need_shm) ShmSegment::unlink_names(token, rank_);
     return links;
