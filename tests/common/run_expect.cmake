@@ -3,13 +3,17 @@
 # One script for every CTest entry that expects a job to fail in a particular way.
 #
 #   cmake -DEXPECT=<status>|zero|nonzero [-DREGEX=<regex>[;<regex>...]]
-#         [-DCOUNT=<n> -DCOUNT_REGEX=<regex>] [-DMAX_SECONDS=<s>] [-DLOG=<file>]
+#         [-DCOUNT=<n> -DCOUNT_REGEX=<regex>] [-DRANKS=<n> -DRANK_REGEX=<regex>]
+#         [-DMAX_SECONDS=<s>] [-DLOG=<file>]
 #         [-DMPI_GUARD=<mpirun_guard.py> [-DPYTHON=<python3>]]
 #         -P run_expect.cmake -- cmd...
 #
 # EXPECT      the exit status: a number, or zero / nonzero.
 # REGEX       every regex of the list must match the output (stdout and stderr together).
 # COUNT       exactly COUNT lines of the output match COUNT_REGEX.
+# RANKS       for every rank r in 0..RANKS-1, exactly one line matches RANK_REGEX with each
+#             @RANK@ in it replaced by r: a line from every rank, once each (kolo-run prefixes a
+#             rank's lines with "[r] ", so "^\\[@RANK@\\] ..." names the rank that printed).
 # MAX_SECONDS the job must end within this (default 600); the command is killed at twice that.
 # LOG         also write the output to this file.
 # MPI_GUARD   an mpirun job: the command runs under tests/mpi/mpirun_guard.py, which kills the
@@ -102,10 +106,12 @@ foreach(_re IN LISTS REGEX)
     message(FATAL_ERROR "output does not match: ${_re}")
   endif()
 endforeach()
-if(DEFINED COUNT)
+if(DEFINED COUNT OR DEFINED RANKS)
   # Line by line ("." would match across lines otherwise). A line with a ';' splits in two here,
   # which only matters to a COUNT_REGEX that spans one.
   string(REGEX MATCHALL "[^\n]+" _lines "${_all}")
+endif()
+if(DEFINED COUNT)
   set(_n 0)
   foreach(_line IN LISTS _lines)
     if("${_line}" MATCHES "${COUNT_REGEX}")
@@ -115,4 +121,22 @@ if(DEFINED COUNT)
   if(NOT _n EQUAL COUNT)
     message(FATAL_ERROR "${_n} lines match '${COUNT_REGEX}', expected ${COUNT}")
   endif()
+endif()
+if(DEFINED RANKS)
+  if(NOT RANK_REGEX)
+    message(FATAL_ERROR "run_expect.cmake: -DRANKS needs -DRANK_REGEX=<regex with @RANK@>")
+  endif()
+  math(EXPR _top "${RANKS} - 1")
+  foreach(_r RANGE ${_top})
+    string(REPLACE "@RANK@" "${_r}" _re "${RANK_REGEX}")
+    set(_n 0)
+    foreach(_line IN LISTS _lines)
+      if("${_line}" MATCHES "${_re}")
+        math(EXPR _n "${_n} + 1")
+      endif()
+    endforeach()
+    if(NOT _n EQUAL 1)
+      message(FATAL_ERROR "rank ${_r}: ${_n} lines match '${_re}', expected 1")
+    endif()
+  endforeach()
 endif()
