@@ -20,6 +20,13 @@ that includes <kolo/kolo.hpp> at -O2. Writes <out>/results.json, <out>/allreduce
 <out>/allreduce_latency.png and <out>/tables.md; prints the table of the speed targets
 (target vs measured, PASS/SHORT); with --doc, replaces the generated section of that file
 (between `<!-- compare.py:begin -->` and `<!-- compare.py:end -->`).
+
+    python3 benchmarks/compare.py --render docs/perf/results.json --doc docs/performance.md --check
+
+renders that section again from a results.json, running nothing; --check compares it with the
+file's section instead of writing it (exit status 1 and a diff when they differ: the CTest test
+docs/performance_table). Every number in the section comes from the results file, or from the
+GPU kernels' results file (--gpu-results, kolo-gpu-kernels-bench --json); nothing is typed in.
 """
 
 import argparse
@@ -223,7 +230,24 @@ def get(results, impl, n, size, what="busbw", place="oop"):
 # ---------------------------------------------------------------------------------- targets
 
 
-def targets(results, memcpy_m, compile_s, extra):
+def gpu_row_detail(gpu):
+    """The GPU target's figures, from a kolo-gpu-kernels-bench --json file (or None)."""
+    if not gpu:
+        return "CPU-only script; no GPU kernels results file (--gpu-results)"
+
+    def band(kind):  # "compress" or "decompress": the fp16 and bf16 rows of one tensor
+        pcts = sorted(round(100 * r["fraction_of_d2d"]) for r in gpu["rows"]
+                      if f"({kind}), 1 tensor" in r["name"])
+        if not pcts:
+            return "not measured"
+        return f"{pcts[0]}%" if pcts[0] == pcts[-1] else f"{pcts[0]}-{pcts[-1]}%"
+
+    return (f"CPU-only script; kolo-gpu-kernels-bench on an {gpu['gpu']}: pack+compress "
+            f"{band('compress')}, unpack+decompress {band('decompress')} (see the GPU section "
+            "below, docs/gpu.md)")
+
+
+def targets(results, memcpy_m, compile_s, extra, gpu=None):
     def ratio_row(what, target, measured, passed, detail):
         return {"what": what, "target": target, "measured": measured,
                 "status": "N/A" if passed is None else ("PASS" if passed else "SHORT"),
@@ -304,9 +328,7 @@ def targets(results, memcpy_m, compile_s, extra):
                           "(kolo-bench --compression fp16: compress, allreduce the 16-bit wire, "
                           "decompress)" if k and c else ""))
     rows.append(ratio_row("GPU: fp16 compress, fusion pack", ">= 80% of device copy bandwidth",
-                          "not measured by this script", None,
-                          "CPU-only script; kolo-gpu-kernels-bench on an H100: pack+compress "
-                          "96-97%, unpack+decompress 94% (see the GPU section below, docs/gpu.md)"))
+                          "not measured by this script", None, gpu_row_detail(gpu)))
     rows.append(ratio_row("compile: a .cpp including <kolo/kolo.hpp>, -O2", "<= 3 s",
                           f"{compile_s['seconds']:.2f} s", compile_s["seconds"] <= 3.0,
                           f"median of 3 (wall); {compile_s['cpu_seconds']:.2f} s CPU; a "
@@ -429,6 +451,83 @@ def update_doc(doc, generated, section):
     log(f"updated {doc}")
 
 
+def load_results(path):
+    """A results.json as main() wrote it, with the sizes back as numbers."""
+    d = json.load(open(path))
+    d["allreduce"] = {i: {n: {int(sz): v for sz, v in t.items()} for n, t in by_n.items()}
+                      for i, by_n in d["allreduce"].items()}
+    return d
+
+
+def extra_of(d):
+    """The targets' extra measurements (fusion, fp16 over TCP) as medians of their runs."""
+    extra = {}
+    fusion_runs, fp16_runs = d.get("fusion_runs") or [], d.get("fp16_tcp_64M_us_runs") or []
+    if fusion_runs:
+        extra["fusion"] = {k: statistics.median(r[k] for r in fusion_runs)
+                           for k in ("ratio", "worst_ratio", "fused_us", "one_us",
+                                     "engine_one_us")}
+        if all("coalesced_ratio" in r for r in fusion_runs):
+            extra["fusion"].update({k: statistics.median(r[k] for r in fusion_runs)
+                                    for k in ("coalesced_ratio", "coalesced_worst_ratio",
+                                              "coalesced_us")})
+    if fp16_runs:
+        extra["fp16_tcp_64M_us"] = statistics.median(fp16_runs)
+    return extra
+
+
+def render(d, img_dir, gpu):
+    """The generated section (targets, tables) from a results document: numbers only from it
+    and from the GPU kernels' results (gpu)."""
+    results = d["allreduce"]
+    memcpy_m = d["memcpy"]["M_gbps"]
+    comp = d["compile"]
+    trows = targets(results, memcpy_m, comp, extra_of(d), gpu)
+    tables = markdown_tables(results, d["ranks"], d["impls"], memcpy_m)
+    summary = (f"Measured {d['generated']} on {d['host']}: {d['cpus']} cores, "
+               f"load average {d['load_before'][0]:.2f} before / {d['load_after'][0]:.2f} after; "
+               f"{d['repeats']} repeat(s), medians; "
+               f"{'quick' if d['quick'] else 'full'} size range.\n\n"
+               f"memcpy bandwidth M = {memcpy_m:.2f} GB/s (one thread, {d['memcpy']['size']}); "
+               f"two threads at once: {d['memcpy']['two_threads_aggregate_gbps']:.2f} GB/s "
+               f"together. Compile time of a .cpp including <kolo/kolo.hpp> at -O2: "
+               f"{comp['seconds']:.2f} s wall, {comp['cpu_seconds']:.2f} s CPU "
+               f"({os.path.basename(comp['compiler'])}).\n")
+    ttable = target_table(trows)
+    generated = ("### Targets\n\n" + summary + "\n" + ttable +
+                 "\n\n### Allreduce, side by side\n\n" +
+                 f"![busbw vs size]({img_dir}/allreduce_busbw.png)\n\n" +
+                 f"![latency vs size]({img_dir}/allreduce_latency.png)\n\n" + tables)
+    return generated, summary, ttable, tables, trows
+
+
+def doc_section(doc, section):
+    """The text between a file's compare.py markers (None without them)."""
+    text = open(doc).read()
+    tag = "compare.py" + (":" + section if section else "")
+    begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
+    if begin not in text or end not in text:
+        return None
+    return text.split(begin, 1)[1].split(end, 1)[0]
+
+
+def check_doc(doc, generated, section):
+    """0 when the file's generated section is what render() gives; else 1 and a diff."""
+    import difflib
+    have = doc_section(doc, section)
+    if have is None:
+        log(f"{doc}: no compare.py markers")
+        return 1
+    want = "\n" + generated.strip() + "\n"
+    if have == want:
+        log(f"{doc}: the generated section matches its results")
+        return 0
+    sys.stdout.writelines(difflib.unified_diff(want.splitlines(True), have.splitlines(True),
+                                               "generated", doc))
+    log(f"{doc}: the generated section differs from what its results give (diff above)")
+    return 1
+
+
 # -------------------------------------------------------------------------------------- main
 
 
@@ -447,7 +546,33 @@ def main():
     ap.add_argument("--section", default="",
                     help="name of the generated section (markers <!-- compare.py:NAME:begin -->"
                          " ... :end -->); default: the unnamed one")
+    ap.add_argument("--gpu-results",
+                    default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                         "gpu_kernels_h100.json"),
+                    help="kolo-gpu-kernels-bench --json file for the GPU target's row "
+                         "(default benchmarks/gpu_kernels_h100.json; '' for none)")
+    ap.add_argument("--render", metavar="RESULTS_JSON",
+                    help="run nothing: render the section from this results.json")
+    ap.add_argument("--check", action="store_true",
+                    help="with --render and --doc: compare instead of writing")
     args = ap.parse_args()
+    gpu = json.load(open(args.gpu_results)) if args.gpu_results else None
+
+    def image_dir():  # image links relative to the document that shows them
+        return os.path.relpath(args.out, os.path.dirname(os.path.abspath(args.doc))
+                               if args.doc else args.out) if args.doc else "."
+
+    if args.render:
+        generated = render(load_results(args.render), image_dir(), gpu)[0]
+        if args.check:
+            if not args.doc:
+                sys.exit("compare.py: --check needs --doc")
+            return check_doc(args.doc, generated, args.section)
+        if args.doc:
+            update_doc(args.doc, generated, args.section)
+        else:
+            print(generated)
+        return 0
 
     ranks = [int(x) for x in args.ranks.split(",")]
     impls = [i for i in args.impls.split(",") if i]
@@ -522,40 +647,7 @@ def main():
     memcpy_agg2 = statistics.median(x[1] for x in m_runs[2])
     results = {i: {str(n): median_table(raw[i][str(n)], n) for n in ranks} for i in impls}
     comp = compile_time(runner.build)
-    extra = {}
-    if fusion_runs:
-        extra["fusion"] = {k: statistics.median(r[k] for r in fusion_runs)
-                           for k in ("ratio", "worst_ratio", "fused_us", "one_us",
-                                     "engine_one_us")}
-        if all("coalesced_ratio" in r for r in fusion_runs):
-            extra["fusion"].update({k: statistics.median(r[k] for r in fusion_runs)
-                                    for k in ("coalesced_ratio", "coalesced_worst_ratio",
-                                              "coalesced_us")})
-    if fp16_runs:
-        extra["fp16_tcp_64M_us"] = statistics.median(fp16_runs)
-    trows = targets(results, memcpy_m, comp, extra)
     load_after = os.getloadavg()
-
-    tables = markdown_tables(results, ranks, impls, memcpy_m)
-    # Image links relative to the document that shows them (docs/performance.md -> perf/...).
-    img_dir = os.path.relpath(args.out, os.path.dirname(os.path.abspath(args.doc))
-                              if args.doc else args.out) if args.doc else "."
-    ttable = target_table(trows)
-    summary = (f"Measured {started} on {platform.node()}: {os.cpu_count()} cores, "
-               f"load average {load_before[0]:.2f} before / {load_after[0]:.2f} after; "
-               f"{repeats} repeat(s), medians; {'quick' if args.quick else 'full'} size range.\n\n"
-               f"memcpy bandwidth M = {memcpy_m:.2f} GB/s (one thread, {size}); two threads "
-               f"at once: {memcpy_agg2:.2f} GB/s together. Compile time of a .cpp including "
-               f"<kolo/kolo.hpp> at -O2: {comp['seconds']:.2f} s wall, {comp['cpu_seconds']:.2f} s CPU "
-               f"({os.path.basename(comp['compiler'])}).\n")
-    generated = ("### Targets\n\n" + summary + "\n" + ttable +
-                 "\n\n### Allreduce, side by side\n\n" +
-                 f"![busbw vs size]({img_dir}/allreduce_busbw.png)\n\n" +
-                 f"![latency vs size]({img_dir}/allreduce_latency.png)\n\n" + tables)
-    with open(os.path.join(args.out, "tables.md"), "w") as f:
-        f.write(generated)
-    pngs = plot(results, ranks, impls, memcpy_m, args.out)
-
     doc = {
         "generated": started, "host": platform.node(), "cpus": os.cpu_count(),
         "load_before": load_before, "load_after": load_after, "repeats": repeats,
@@ -563,13 +655,20 @@ def main():
         "skipped": skipped, "failures": failures,
         "memcpy": {"size": size, "M_gbps": memcpy_m, "two_threads_aggregate_gbps": memcpy_agg2,
                    "runs": m_runs},
-        "compile": comp, "targets": trows, "fusion_runs": fusion_runs,
+        "compile": comp, "fusion_runs": fusion_runs,
         "fp16_tcp_64M_us_runs": fp16_runs,
-        "allreduce": {i: {n: {str(s): v for s, v in t.items()} for n, t in results[i].items()}
-                      for i in impls},
-        "raw": {i: {n: [{str(s): r for s, r in run.items()} for run in raw[i][n]]
-                    for n in raw[i]} for i in impls},
+        "allreduce": results,
     }
+    # The section is rendered from this document alone (as --render does from the file).
+    generated, summary, ttable, tables, trows = render(doc, image_dir(), gpu)
+    doc["targets"] = trows
+    doc["allreduce"] = {i: {n: {str(s): v for s, v in t.items()} for n, t in results[i].items()}
+                        for i in impls}
+    doc["raw"] = {i: {n: [{str(s): r for s, r in run.items()} for run in raw[i][n]]
+                      for n in raw[i]} for i in impls}
+    with open(os.path.join(args.out, "tables.md"), "w") as f:
+        f.write(generated)
+    pngs = plot(results, ranks, impls, memcpy_m, args.out)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(doc, f, indent=1)
 
