@@ -4,6 +4,10 @@
 //       Single process. Conversion throughput of the compression policies (F16C path where the
 //       CPU has it, and the portable scalar path) next to memcpy of the same fp32 buffer, out of
 //       cache. GB = 1e9; "in" counts the fp32 bytes read per second, "traffic" read + written.
+//       Every conversion's output is then checked (#wrong; exit status 1 on any wrong element):
+//       the copy and the F16C path bit for bit against the scalar one, the scalar fp16 and the
+//       bf16 results within half a unit in the last place of the fp32 input, decompression bit
+//       for bit. --inject-wrong 1 corrupts one element of each output first (testing aid).
 //
 //   KOLO_TRANSPORT=tcp kolo-run -np 2 compression_bench allreduce [--mib 64] [--iters 5]
 //                        [--reps 3] [--tensors 1] [--raw 1] [--json f]
@@ -50,8 +54,9 @@ struct Opts {
   int iters = 0;
   std::size_t tensors = 1;
   std::string json;
-  bool raw = true;  // allreduce: also time the bare Communicator
-  int reps = 3;     // allreduce: interleaved repetitions of every configuration
+  bool raw = true;            // allreduce: also time the bare Communicator
+  int reps = 3;               // allreduce: interleaved repetitions of every configuration
+  bool inject_wrong = false;  // convert: corrupt one element of each output before its check
 };
 
 std::string load_average() {
@@ -79,6 +84,8 @@ Opts parse(int argc, char** argv) {
       o.json = v;
     } else if (k == "--reps") {
       o.reps = std::max(1, std::atoi(v.c_str()));
+    } else if (k == "--inject-wrong") {
+      o.inject_wrong = v != "0";
     } else if (k == "--raw") {
       o.raw = v != "0";
     } else {
@@ -120,25 +127,74 @@ int run_convert(const Opts& o) {
     const double in = static_cast<double>(n) * 4;
     return Row{name, s, in / s / 1e9, (in + static_cast<double>(out_bytes)) / s / 1e9};
   };
+  // The checks, after each timed row: count the elements where ok(i) fails, the first named.
+  std::size_t wrong = 0;
+  // --inject-wrong flips an exponent bit of element 0 (its last byte: x86 is little-endian).
+  auto check = [&](const char* what, auto* out, auto&& ok) {
+    if (o.inject_wrong) reinterpret_cast<unsigned char*>(out)[sizeof(*out) - 1] ^= 0x40;
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (ok(i)) continue;
+      if (bad++ == 0) std::fprintf(stderr, "compression_bench: %s: element %zu wrong\n", what, i);
+    }
+    wrong += bad;
+  };
+  auto bits_of = [](float x) {
+    std::uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return u;
+  };
+  auto same = [&](float a, float b) { return bits_of(a) == bits_of(b); };
+  // Within half a unit in the last place (2^-11 of |x| for fp16, 2^-8 for bf16: the inputs are
+  // normal in both), so a rounding in the wrong direction or a wrong exponent is caught.
+  auto rounded = [](float got, float x, float unit) {
+    return std::fabs(static_cast<double>(got) - static_cast<double>(x)) <=
+           std::fabs(static_cast<double>(x)) * static_cast<double>(unit) * 0.5;
+  };
+  std::vector<std::uint16_t> scalar_wire(n);
+  for (std::size_t i = 0; i < n; ++i) scalar_wire[i] = kolo::detail::float_to_half_bits(src[i]);
   std::vector<Row> rows;
   rows.push_back(time("memcpy fp32", n * 4, [&] { std::memcpy(copy.data(), src.data(), n * 4); }));
+  check("memcpy", copy.data(), [&](std::size_t i) { return same(copy[i], src[i]); });
   rows.push_back(time("fp16 compress (dispatch)", n * 2,
                       [&] { kolo::Fp16Compressor::compress(src.data(), wire.data(), n, 1.0f); }));
+  check("fp16 compress (dispatch)", wire.data(),
+        [&](std::size_t i) { return wire[i] == scalar_wire[i]; });
   // Decompression reads 2 bytes and writes 4 per element: "in" is reported per fp32 element.
   rows.push_back(time("fp16 decompress (dispatch)", n * 2, [&] {
     kolo::Fp16Compressor::decompress(wire.data(), back.data(), n, 1.0f);
   }));
+  check("fp16 decompress (dispatch)", back.data(), [&](std::size_t i) {
+    return same(back[i], kolo::detail::half_bits_to_float(scalar_wire[i]));
+  });
   rows.push_back(time("fp16 compress (scalar)", n * 2, [&] {
     for (std::size_t i = 0; i < n; ++i) wire[i] = kolo::detail::float_to_half_bits(src[i]);
   }));
+  check("fp16 compress (scalar)", wire.data(), [&](std::size_t i) {
+    return rounded(kolo::detail::half_bits_to_float(wire[i]), src[i], 0x1p-10f);
+  });
   rows.push_back(time("fp16 decompress (scalar)", n * 2, [&] {
     for (std::size_t i = 0; i < n; ++i) back[i] = kolo::detail::half_bits_to_float(wire[i]);
   }));
+  check("fp16 decompress (scalar)", back.data(),
+        [&](std::size_t i) { return rounded(back[i], src[i], 0x1p-10f); });
   rows.push_back(time("bf16 compress", n * 2,
                       [&] { kolo::Bf16Compressor::compress(src.data(), wire.data(), n, 1.0f); }));
+  check("bf16 compress", wire.data(), [&](std::size_t i) {
+    const float got = [&] {
+      const std::uint32_t u = static_cast<std::uint32_t>(wire[i]) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    }();
+    return rounded(got, src[i], 0x1p-7f);
+  });
   rows.push_back(time("bf16 decompress", n * 2, [&] {
     kolo::Bf16Compressor::decompress(wire.data(), back.data(), n, 1.0f);
   }));
+  check("bf16 decompress", back.data(), [&](std::size_t i) {
+    return bits_of(back[i]) == static_cast<std::uint32_t>(wire[i]) << 16;
+  });
   bool f16c = false;
 #ifdef KOLO_HAVE_F16C_DISPATCH
   f16c = kolo::detail::cpu_has_f16c();
@@ -160,9 +216,10 @@ int run_convert(const Opts& o) {
       f << (i ? "," : "") << "{\"name\":\"" << rows[i].name << "\",\"seconds\":" << rows[i].seconds
         << ",\"in_gbs\":" << rows[i].in_gbs << ",\"traffic_gbs\":" << rows[i].traffic_gbs << "}";
     }
-    f << "]}\n";
+    f << "],\"wrong\":" << wrong << "}\n";
   }
-  return 0;
+  std::printf("# wrong: %zu %s\n", wrong, wrong ? "FAILED" : "OK");
+  return wrong ? 1 : 0;
 }
 
 // ---------------- engine allreduce ----------------

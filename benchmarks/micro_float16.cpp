@@ -6,11 +6,17 @@
 // reference.
 //
 // Counters (GB = 1e9, shown as G/s): elements per second, and input + output bytes per second.
+// Each benchmark then checks its output bit for bit against a reference written here, apart from
+// kolo's conversions (micro_check.hpp: exit status 1 if wrong).
 #include <benchmark/benchmark.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
+
+#include "micro_check.hpp"
 
 #include <kolo/compression/compressor.hpp>
 #include <kolo/core/float16.hpp>
@@ -31,6 +37,61 @@ std::vector<float> inputs(std::size_t n) {
     v[i] = std::ldexp(static_cast<float>(i % 2047) - 1023.0f, -static_cast<int>(i % 13));
   }
   return v;
+}
+
+// The reference conversions, for the values inputs() makes (finite; every one exact in float16:
+// at most 10 significant bits, magnitudes 2^-12 .. 1023, all normal there).
+std::uint32_t float_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+float bits_float(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+// float16 bits of an exactly representable normal value (or zero): the fields re-biased.
+std::uint16_t ref_half_bits(float x) {
+  const std::uint32_t u = float_bits(x);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  if ((u & 0x7FFFFFFFu) == 0) return sign;
+  const auto exp = static_cast<std::uint32_t>(static_cast<int>((u >> 23) & 0xFF) - 127 + 15);
+  return static_cast<std::uint16_t>(sign | (exp << 10) | ((u >> 13) & 0x3FFu));
+}
+// bfloat16 bits: the top half of the float, rounded to nearest even.
+std::uint16_t ref_bf16_bits(float x) {
+  const std::uint32_t u = float_bits(x);
+  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+template <class H>
+std::uint16_t ref_bits(float x) {
+  if constexpr (std::is_same_v<H, kolo::float16>) {
+    return ref_half_bits(x);
+  } else {
+    return ref_bf16_bits(x);
+  }
+}
+// The float a 16-bit conversion of x gives back.
+template <class H>
+float ref_round(float x) {
+  if constexpr (std::is_same_v<H, kolo::float16>) {
+    return x;  // exact
+  } else {
+    return bits_float(static_cast<std::uint32_t>(ref_bf16_bits(x)) << 16);
+  }
+}
+template <class C>
+using wire_of =
+    std::conditional_t<std::is_same_v<C, kolo::Fp16Compressor>, kolo::float16, kolo::bfloat16>;
+
+void check_wire(benchmark::State& state, const char* what, const std::uint16_t* got,
+                const std::vector<float>& src, std::uint16_t (*ref)(float)) {
+  micro_check::check_bits(state, what, got, src.size(), [&](std::size_t i) { return ref(src[i]); });
+}
+void check_floats(benchmark::State& state, const char* what, const float* got,
+                  const std::vector<float>& src, float (*ref)(float)) {
+  micro_check::check_bits(state, what, got, src.size(), [&](std::size_t i) { return ref(src[i]); });
 }
 
 void set_rates(benchmark::State& state, std::size_t n, std::size_t bytes_per_elem) {
@@ -57,6 +118,9 @@ void BM_FromFloat(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_rates(state, n, sizeof(float) + sizeof(H));
+  std::vector<std::uint16_t> bits(n);
+  for (std::size_t i = 0; i < n; ++i) bits[i] = dst[i].bits;
+  check_wire(state, "from float", bits.data(), src, ref_bits<H>);
 }
 
 template <class H>
@@ -72,6 +136,7 @@ void BM_ToFloat(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_rates(state, n, sizeof(float) + sizeof(H));
+  check_floats(state, "to float", dst.data(), f, ref_round<H>);
 }
 
 template <class C>
@@ -85,6 +150,7 @@ void BM_Compress(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_rates(state, n, 6);
+  check_wire(state, "compress", wire.data(), src, ref_bits<wire_of<C>>);
 }
 
 template <class C>
@@ -100,6 +166,7 @@ void BM_Decompress(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_rates(state, n, 6);
+  check_floats(state, "decompress", dst.data(), f, ref_round<wire_of<C>>);
 }
 
 BENCHMARK_TEMPLATE(BM_Compress, kolo::Fp16Compressor)->Name("compress_fp16")->Apply(elem_args);
@@ -128,6 +195,7 @@ void BM_F16CFromFloat(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_rates(state, n, 6);
+  check_wire(state, "f16c from float", dst.data(), src, ref_half_bits);
 }
 void BM_F16CToFloat(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
@@ -146,6 +214,7 @@ void BM_F16CToFloat(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_rates(state, n, 6);
+  check_floats(state, "f16c to float", dst.data(), f, ref_round<kolo::float16>);
 }
 BENCHMARK(BM_F16CFromFloat)->Name("f16c_float_to_float16")->Apply(elem_args);
 BENCHMARK(BM_F16CToFloat)->Name("f16c_float16_to_float")->Apply(elem_args);
@@ -153,4 +222,6 @@ BENCHMARK(BM_F16CToFloat)->Name("f16c_float16_to_float")->Apply(elem_args);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  return micro_check::run(argc, argv);
+}

@@ -7,6 +7,7 @@
 //   output   result bytes produced per second (size / time): the rate a ring step reduces at.
 // A kernel close to memcpy's traffic rate is memory-bound, which is the goal; one far below it
 // is compute-bound (16-bit floats without F16C, see micro_reduce_native).
+// Each benchmark then checks its result exactly (micro_check.hpp: exit status 1 if wrong).
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -15,6 +16,8 @@
 
 #include <kolo/core/dtype.hpp>
 #include <kolo/core/reduce.hpp>
+
+#include "micro_check.hpp"
 
 namespace {
 
@@ -44,13 +47,17 @@ void BM_Reduce(benchmark::State& state, kolo::DataType t, kolo::ReduceOp op) {
   const std::size_t es = kolo::dtype_size(t);
   const std::size_t n = bytes / es;
   std::vector<unsigned char> a(n * es), b(n * es), d(n * es);
-  // Ones: every op stays finite and normal however often it runs (no denormal slow paths).
+  // Small integers 1..3: every op's result (at most 9) is exact in every dtype, finite and
+  // normal (no denormal slow paths); d = a op b each time, nothing accumulates.
+  auto a_of = [](std::size_t i) { return static_cast<int>(i % 3) + 1; };
+  auto b_of = [](std::size_t i) { return static_cast<int>((i + 1) % 3) + 1; };
   kolo::visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
-    const T one = static_cast<T>(1.0f);
     for (std::size_t i = 0; i < n; ++i) {
-      std::memcpy(a.data() + i * es, &one, es);
-      std::memcpy(b.data() + i * es, &one, es);
+      const T x = static_cast<T>(static_cast<float>(a_of(i)));
+      const T y = static_cast<T>(static_cast<float>(b_of(i)));
+      std::memcpy(a.data() + i * es, &x, es);
+      std::memcpy(b.data() + i * es, &y, es);
     }
   });
   const kolo::ReduceFn fn = kolo::reduce_function(t, op);
@@ -60,6 +67,25 @@ void BM_Reduce(benchmark::State& state, kolo::DataType t, kolo::ReduceOp op) {
     benchmark::ClobberMemory();
   }
   set_rates(state, n * es, 3.0);
+  auto expect = [&](std::size_t i) {
+    const int x = a_of(i), y = b_of(i);
+    switch (op) {
+      case kolo::ReduceOp::sum:
+        return x + y;
+      case kolo::ReduceOp::product:
+        return x * y;
+      case kolo::ReduceOp::min:
+        return x < y ? x : y;
+      default:
+        return x > y ? x : y;  // max
+    }
+  };
+  kolo::visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    micro_check::check_bits(
+        state, "reduce", reinterpret_cast<const T*>(d.data()), n,
+        [&](std::size_t i) { return static_cast<T>(static_cast<float>(expect(i))); });
+  });
 }
 
 }  // namespace
@@ -74,9 +100,5 @@ int main(int argc, char** argv) {
       for (long s : kSizes) benchmark::RegisterBenchmark(name.c_str(), BM_Reduce, t, op)->Arg(s);
     }
   }
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return micro_check::run(argc, argv);
 }

@@ -4,7 +4,8 @@
 // sockets in the way; compare with kolo-bench over shm/tcp to see what the transport adds.
 //
 // Counters (GB = 1e9, shown as G/s): algbw = size / time, busbw = algbw x 2(n-1)/n. Each benchmark
-// checks its result once (exact small-integer sums) and reports an error if it is wrong.
+// checks its result once (exact small-integer sums); a wrong one or an error fails the benchmark
+// and the process (micro_check.hpp: exit status 1).
 #include <benchmark/benchmark.h>
 
 #include <barrier>
@@ -17,6 +18,8 @@
 #include <kolo/algorithm/ring_allreduce.hpp>
 
 #include <kolo/transport/inproc.hpp>
+
+#include "micro_check.hpp"
 
 namespace {
 
@@ -88,23 +91,21 @@ void BM_RingAllreduce(benchmark::State& state) {
     try {
       std::rethrow_exception(e);
     } catch (const std::exception& ex) {
-      state.SkipWithError(ex.what());
+      micro_check::fail(state, ex.what());
       return;
     }
   }
   // Expected: sum over ranks of (i + 3r) % 7, exact in float.
   for (int r = 0; r < n; ++r) {
     const auto& v = out[static_cast<std::size_t>(r)];
-    for (std::size_t i = 0; i < count; ++i) {
-      float expect = 0;
-      for (int q = 0; q < n; ++q) expect += static_cast<float>((i + 3 * q) % 7);
-      if (v[i] != expect) {
-        state.SkipWithError(
-            ("wrong result at rank " + std::to_string(r) + " element " + std::to_string(i))
-                .c_str());
-        return;
-      }
-    }
+    const std::string what = "ring allreduce at rank " + std::to_string(r);
+    const bool ok =
+        micro_check::check_bits(state, what.c_str(), v.data(), count, [&](std::size_t i) {
+          float expect = 0;
+          for (int q = 0; q < n; ++q) expect += static_cast<float>((i + 3 * q) % 7);
+          return expect;
+        });
+    if (!ok) return;
   }
   const double iters = static_cast<double>(state.iterations());
   state.counters["algbw"] = benchmark::Counter(
@@ -131,4 +132,6 @@ BENCHMARK(BM_RingAllreduce)->Apply(ring_args);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  return micro_check::run(argc, argv);
+}
