@@ -78,8 +78,8 @@ TEST_CASE("mismatched collective order tcp") {
 // A rank that never reaches a collective (busy elsewhere past the deadline): every rank reports
 // a TimeoutError naming it as the rank that never reached the call and suggesting why, agreed
 // through the abort (the first rank to time out diagnoses, the others carry its words), and the
-// waiting ranks report at the deadline (+-0.2 s: neither the diagnosis nor a TCP drain delays
-// the exception).
+// waiting ranks report at the deadline (not before it, and within a quarter of it after: neither
+// the diagnosis nor the one-second TCP drain delays the exception).
 void skipped_call(const char* transport, int np) {
   CAPTURE(transport);
   CAPTURE(np);
@@ -96,7 +96,7 @@ void skipped_call(const char* transport, int np) {
     if (it == reports.end()) continue;  // reported by expect_all_ranks
     CAPTURE(rank);
     CHECK(it->second.after >= T - 0.2);
-    CHECK(it->second.after <= T + 0.2);
+    CHECK(it->second.after <= T * 1.25);
     // No healthy rank is blamed.
     for (int other = 0; other < np; ++other) {
       if (other == 1) continue;
