@@ -10,6 +10,9 @@
 #   -DWORK_DIR=<scratch dir>               -DCXX_COMPILER=<compiler of the outer build>
 #   -DEXPECT_MPI=ON|OFF  the outer build found MPI with C++ support: kolo::mpi must come through
 #   -DMPIEXEC=<mpiexec>  install mode, EXPECT_MPI: the kolo::mpi consumer runs under it (2 ranks)
+#   -DKOLO_BUILD_DIR=<built tree>  install mode: install this already built tree (the outer
+#                        build: `cmake --install`, nothing of kolo compiled again) instead of
+#                        configuring and building kolo afresh in WORK_DIR
 cmake_minimum_required(VERSION 3.20)
 
 foreach(var MODE KOLO_SOURCE_DIR CONSUMER_SOURCE_DIR WORK_DIR)
@@ -67,11 +70,16 @@ set(consumer_build "${WORK_DIR}/consumer-build")
 set(consumer_options "")
 
 if(MODE STREQUAL "install")
-  set(kolo_build "${WORK_DIR}/kolo-build")
   set(stage "${WORK_DIR}/stage")
-  step("configure kolo" "${CMAKE_COMMAND}" -S "${KOLO_SOURCE_DIR}" -B "${kolo_build}"
-       ${common_options} ${kolo_options} -DKOLO_BUILD_LAUNCHER=ON "-DCMAKE_INSTALL_PREFIX=${stage}")
-  step("build kolo" "${CMAKE_COMMAND}" --build "${kolo_build}")
+  if(KOLO_BUILD_DIR)
+    set(kolo_build "${KOLO_BUILD_DIR}")
+  else()
+    set(kolo_build "${WORK_DIR}/kolo-build")
+    step("configure kolo" "${CMAKE_COMMAND}" -S "${KOLO_SOURCE_DIR}" -B "${kolo_build}"
+         ${common_options} ${kolo_options} -DKOLO_BUILD_LAUNCHER=ON
+         "-DCMAKE_INSTALL_PREFIX=${stage}")
+    step("build kolo" "${CMAKE_COMMAND}" --build "${kolo_build}")
+  endif()
   step("install kolo" "${CMAKE_COMMAND}" --install "${kolo_build}" --prefix "${stage}")
   foreach(f include/kolo/core/reduce.hpp include/kolo/topology/topology.hpp include/kolo/c/kolo.h
           include/kolo/spark/data_file.hpp)
@@ -108,7 +116,9 @@ if(MODE STREQUAL "install")
   # location (or at the source or build tree) is not relocatable, and this catches it.
   set(prefix "${WORK_DIR}/relocated-prefix")
   file(RENAME "${stage}" "${prefix}")
-  file(REMOVE_RECURSE "${kolo_build}")
+  if(NOT KOLO_BUILD_DIR)  # a build of its own: gone, so nothing can point into it
+    file(REMOVE_RECURSE "${kolo_build}")
+  endif()
   list(APPEND consumer_options -DKOLO_CONSUME=package "-DCMAKE_PREFIX_PATH=${prefix}"
        "-DKOLO_EXPECTED_PREFIX=${prefix}" -DKOLO_BUILD_MPI_CONSUMER=${EXPECT_MPI})
 elseif(MODE STREQUAL "subdirectory")
