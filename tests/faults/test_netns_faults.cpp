@@ -137,7 +137,6 @@ TEST_CASE("routed across namespaces: random rank SIGKILLed in random collectives
     s.seed = seed + static_cast<std::uint64_t>(t);
     s.np = 3 + static_cast<int>(s.seed % 2);  // 2 + 1 or 2 + 2 ranks
     s.launcher_opts = h.launcher(2, s.np - 2);
-    s.timeout = 5;
     // Every other trial pipelines the hierarchical allreduce from 8 KiB on (many chunks), so the
     // kill can land while a ring inside a host and one across hosts are both in flight.
     if (t % 2 == 1) s.env = {"KOLO_HIERARCHICAL_CHUNK_BYTES=4096"};

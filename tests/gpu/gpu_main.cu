@@ -11,6 +11,7 @@
 #include <string>
 
 #include "../common/skip.hpp"
+#include "../doctest_ran_nothing.hpp"
 
 int main(int argc, char** argv) {
   int devices = 0;
@@ -23,5 +24,5 @@ int main(int argc, char** argv) {
             ")");
   }
   doctest::Context context(argc, argv);
-  return context.run();
+  return kolo_test::ran_nothing_exit_code(context.run(), argv[0]);
 }

@@ -12,6 +12,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <unistd.h>
+#include "../doctest_ran_nothing.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -323,7 +324,7 @@ int main(int argc, char** argv) {
   doctest::Context ctx;
   ctx.setOption("order-by", "file");
   ctx.applyCommandLine(argc, argv);
-  int rc = ctx.run();
+  int rc = kolo_test::ran_nothing_exit_code(ctx.run(), argv[0]);
   // MPI_Finalize closes g_outlives_finalize's transport (kolo's MPI_COMM_SELF hook); its
   // destructor at exit then has nothing left to do and must not touch MPI.
   MPI_Finalize();
