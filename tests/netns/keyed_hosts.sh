@@ -40,5 +40,5 @@ IFS=, read -ra per_host <<<"$layout"
 for n in "${per_host[@]}"; do np=$((np + n)); done
 echo "keyed_hosts: $np ranks on ${#per_host[@]} host keys ($layout)"
 KOLO_TRANSPORT=${KOLO_TRANSPORT:-routed} KOLO_TIMEOUT_SECONDS=${KOLO_TIMEOUT_SECONDS:-120} \
-  "$kolo_run" -np "$np" --timeout 1200 --grace 5 \
+  "$kolo_run" -np "$np" --timeout 280 --grace 5 \
   "$0" --rank "$layout" "$worker" --no-intro=true "$@"

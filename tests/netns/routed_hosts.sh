@@ -24,5 +24,5 @@ for ((i = 1; i <= hosts; i++)); do spec+="${spec:+,}${prefix}-h${i}:${per_host}"
 np=$((hosts * per_host))
 echo "routed_hosts: $np ranks on -H $spec (store on ${subnet}.1)"
 KOLO_TRANSPORT=routed KOLO_TEST_EXPECT_HOSTS=$hosts KOLO_TIMEOUT_SECONDS=${KOLO_TIMEOUT_SECONDS:-120} \
-  "$kolo_run" -np "$np" -H "$spec" --store-host "${subnet}.1" --timeout 1200 --grace 5 \
+  "$kolo_run" -np "$np" -H "$spec" --store-host "${subnet}.1" --timeout 280 --grace 5 \
   "$worker" --no-intro=true "$@"
