@@ -92,3 +92,25 @@ def fail_skips_in_ci(report):
         return
     report.outcome = "failed"
     report.longrepr = _failure_text(reason, what, why)
+
+
+def _pytest_hooks():
+    """The two hookwrappers that apply fail_skips_in_ci to every report; a conftest takes them
+    with `from kolo_skip import pytest_runtest_makereport, pytest_make_collect_report`."""
+    import pytest
+
+    @pytest.hookimpl(hookwrapper=True)
+    def runtest_makereport(item, call):
+        outcome = yield
+        fail_skips_in_ci(outcome.get_result())
+
+    @pytest.hookimpl(hookwrapper=True)
+    def make_collect_report(collector):
+        outcome = yield
+        fail_skips_in_ci(outcome.get_result())
+
+    return runtest_makereport, make_collect_report
+
+
+if "pytest" in sys.modules:  # imported from a conftest: define the hooks for it to take
+    pytest_runtest_makereport, pytest_make_collect_report = _pytest_hooks()

@@ -74,19 +74,7 @@ if "$py" -c 'import pytest' 2>/dev/null; then
 import sys
 import pytest
 sys.path.insert(0, "$here")
-import kolo_skip
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    kolo_skip.fail_skips_in_ci(outcome.get_result())
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector):
-    outcome = yield
-    kolo_skip.fail_skips_in_ci(outcome.get_result())
+from kolo_skip import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
 EOF
   printf 'import pytest\npytest.importorskip("kolo_no_such_module")\n\n\ndef test_x():\n    pass\n' \
     >"$work/suite/test_missing.py"
