@@ -272,3 +272,28 @@ TEST_CASE("spark data: CSV with string, int64 and vector columns") {
                        doctest::Contains("has 1 values but the column's first vector has 2"),
                        kolo::ConfigError);
 }
+
+// Issue 53: a header's counts are checked against the file (and for plausibility) before
+// anything is allocated: a zero-row shard naming 2^40 columns, or a vector of 2^31 cells, and
+// rows without a column are clear errors naming the file, not a huge allocation or a long loop.
+TEST_CASE("spark data: lying headers of zero-row and zero-column shards") {
+  TempFile wide(".f64", f64_bytes(0, std::uint64_t{1} << 17, {}));
+  CHECK_THROWS_WITH_AS(kolo::spark::read_f64(wide.path),
+                       doctest::Contains("says 0 rows x 131072 columns: more than 65536 cells"),
+                       kolo::ConfigError);
+  TempFile huge(".f64", f64_bytes(0, std::uint64_t{1} << 40, {}));
+  CHECK_THROWS_WITH_AS(kolo::spark::read_f64(huge.path), doctest::Contains(huge.path.c_str()),
+                       kolo::ConfigError);
+  TempFile no_cols(".f64", f64_bytes(std::uint64_t{1} << 60, 0, {}));
+  CHECK_THROWS_WITH_AS(kolo::spark::read_f64(no_cols.path),
+                       doctest::Contains("rows without a single column"), kolo::ConfigError);
+  CHECK(kolo::spark::read_f64(TempFile(".f64", f64_bytes(0, 3, {})).path).cols() == 3);
+
+  TempFile vec(".bin", bin_bytes(0, {{1, 1, "x"}, {3, 0x80000000u, "v"}}, {}));
+  CHECK_THROWS_WITH_AS(kolo::spark::read_bin(vec.path),
+                       doctest::Contains("says 0 rows x 2147483649 cells: more than 65536"),
+                       kolo::ConfigError);
+  TempFile bin_no_cols(".bin", bin_bytes(std::uint64_t{1} << 62, {}, {}));
+  CHECK_THROWS_WITH_AS(kolo::spark::read_bin(bin_no_cols.path),
+                       doctest::Contains("rows without a single column"), kolo::ConfigError);
+}

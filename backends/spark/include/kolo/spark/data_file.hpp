@@ -203,6 +203,24 @@ inline std::optional<std::int64_t> parse_int64(const std::string& field) {
   return v;
 }
 
+// The cells of a shard's row that no data bounds: a shard of zero rows names its columns (and
+// a vector column's cells) without a byte of data behind them. kolo_spark writes a zero-row
+// shard with its scalar columns only (a vector's width is its first row's length), so more than
+// this many cells there is a lying header, not a DataFrame.
+inline constexpr std::uint64_t kMaxCellsWithoutRows = std::uint64_t{1} << 16;
+
+// Why a header's `rows` x `cells` (already checked to match the file's bytes) cannot be a
+// shard, or "": rows without a single cell (nothing bounds how many), or a zero-row shard
+// claiming more cells per row than any writer makes. Checked before anything is allocated.
+inline std::string implausible_shape(std::uint64_t rows, std::uint64_t cells) {
+  if (rows != 0 && cells == 0) return "rows without a single column cannot be read back";
+  if (rows == 0 && cells > kMaxCellsWithoutRows) {
+    return "more than " + std::to_string(kMaxCellsWithoutRows) +
+           " cells per row in a shard of no rows (a lying header)";
+  }
+  return {};
+}
+
 }  // namespace detail
 
 inline constexpr char kF64Magic[8] = {'K', 'O', 'L', 'O', 'F', '6', '4', '\0'};
@@ -222,6 +240,10 @@ inline DataShard read_f64(const std::string& path, std::vector<std::string> colu
     throw ConfigError("data file '" + path + "' says " + std::to_string(rows) + " rows x " +
                       std::to_string(cols) + " columns but holds " + std::to_string(body) +
                       " bytes of values");
+  }
+  if (const std::string why = detail::implausible_shape(rows, cols); !why.empty()) {
+    throw ConfigError("data file '" + path + "' says " + std::to_string(rows) + " rows x " +
+                      std::to_string(cols) + " columns: " + why);
   }
   if (!columns.empty() && columns.size() != cols) {
     throw ConfigError("data file '" + path + "' has " + std::to_string(cols) + " columns but " +
@@ -283,6 +305,10 @@ inline DataShard read_bin(const std::string& path) {
   if (width_sum != cells) {
     throw bad("the columns' widths add up to " + std::to_string(width_sum) + " cells but the " +
               "header says " + std::to_string(cells) + " per row");
+  }
+  if (const std::string why = detail::implausible_shape(rows, cells); !why.empty()) {
+    throw bad("says " + std::to_string(rows) + " rows x " + std::to_string(cells) +
+              " cells: " + why);
   }
   pos += (8 - pos % 8) % 8;
   const std::uint64_t body = bytes.size() < pos ? 0 : bytes.size() - pos;
