@@ -268,12 +268,35 @@ def _write_le(f, buf: "array.array") -> None:
     f.write(buf.tobytes())
 
 
+MAX_CELLS_WITHOUT_ROWS = 1 << 16  # as the C++ reader (kolo/spark/data_file.hpp)
+
+
+def _check_shape(path: str, rows: int, cells: int, body: int) -> None:
+    """A header's ``rows`` x ``cells`` against the ``body`` bytes behind it, before anything is
+    allocated (ValueError naming the file)."""
+    if body < 0 or (cells and (rows > body // 8 // cells or rows * cells * 8 != body)) or (
+            not cells and body):
+        raise ValueError(f"{path}: says {rows} rows x {cells} cells but holds {max(body, 0)} "
+                         "bytes of cells")
+    if rows and not cells:
+        raise ValueError(f"{path}: says {rows} rows x 0 cells: rows without a single column "
+                         "cannot be read back")
+    if not rows and cells > MAX_CELLS_WITHOUT_ROWS:
+        raise ValueError(f"{path}: says 0 rows x {cells} cells: more than "
+                         f"{MAX_CELLS_WITHOUT_ROWS} cells per row in a shard of no rows (a "
+                         "lying header)")
+
+
 def read_f64(path: str):
     """(rows, cols, values) of an f64 file; for tests and Python-side checks."""
     with open(path, "rb") as f:
-        magic, rows, cols = _F64_HEADER.unpack(f.read(_F64_HEADER.size))
+        head = f.read(_F64_HEADER.size)
+        if len(head) < _F64_HEADER.size:
+            raise ValueError(f"{path} is not a kolo f64 file")
+        magic, rows, cols = _F64_HEADER.unpack(head)
         if magic != F64_MAGIC:
             raise ValueError(f"{path} is not a kolo f64 file")
+        _check_shape(path, rows, cols, os.fstat(f.fileno()).st_size - _F64_HEADER.size)
         values = array.array("d")
         values.frombytes(f.read())
     if sys.byteorder != "little":
@@ -287,19 +310,29 @@ def read_bin(path: str):
     codes = {v: k for k, v in _BIN_CODE.items() if k != "bool"}
     with open(path, "rb") as f:
         data = f.read()
-    magic, rows, ncols, cells = _BIN_HEADER.unpack_from(data)
-    if magic != BIN_MAGIC:
+    if len(data) < _BIN_HEADER.size or data[:8] != BIN_MAGIC:
         raise ValueError(f"{path} is not a kolo bin file")
+    magic, rows, ncols, cells = _BIN_HEADER.unpack_from(data)
+    if ncols > (len(data) - _BIN_HEADER.size) // _BIN_COLUMN.size:
+        raise ValueError(f"{path}: says {ncols} columns, more than its header can hold")
     pos = _BIN_HEADER.size
     columns, types, widths = [], [], []
     for _ in range(ncols):
+        if pos + _BIN_COLUMN.size > len(data):
+            raise ValueError(f"{path}: the header ends inside column {len(columns)}")
         code, width, n = _BIN_COLUMN.unpack_from(data, pos)
         pos += _BIN_COLUMN.size
         columns.append(data[pos:pos + n].decode("utf-8"))
         pos += n
+        if code not in codes:
+            raise ValueError(f"{path}: column {columns[-1]!r} has type code {code}")
         types.append(codes[code])
         widths.append(width)
     pos += -pos % 8
+    if sum(widths) != cells:
+        raise ValueError(f"{path}: the columns' widths add up to {sum(widths)} cells but the "
+                         f"header says {cells} per row")
+    _check_shape(path, rows, cells, len(data) - pos)
     fmt = "<" + "".join(("q" if t == "int64" else "d") * w for t, w in zip(types, widths))
     out = [list(struct.unpack_from(fmt, data, pos + r * cells * 8)) for r in range(rows)]
     return columns, types, widths, out

@@ -27,7 +27,7 @@ from . import data as data_mod
 from . import timeline as tl
 from .errors import (ConfigurationError, KoloSparkError, RankFailedError, StartTimeoutError,
                      first_failure)
-from .liveness import LivenessServer, print_line
+from .liveness import LivenessServer, hub_bind_host, print_line
 from .process import NativeProcess, StartError
 from .task import (CONTRACT_VARS, TORCHRUN_VARS, HostKey, RankLaunch, TaskSpec,
                    barrier_partition, default_host_key, error_from_payload, error_from_text,
@@ -520,8 +520,9 @@ def run(spark, num_proc: int, command: Union[str, Sequence[str], Callable], args
         spec.data_types = data_mod.column_types(df.schema)
     else:
         rdd = sc.parallelize(range(num_proc), num_proc)
-    hub = LivenessServer(spec.secret, on_line=sink)
-    spec.liveness = (spec.driver_host or "127.0.0.1", hub.port)
+    hub = LivenessServer(spec.secret, bind_host=hub_bind_host(conf.get, sc.master), on_line=sink)
+    spec.liveness = ("127.0.0.1" if hub.bind_host.startswith("127.") else
+                     spec.driver_host or hub.bind_host, hub.port)
     job = rdd.barrier().mapPartitions(functools.partial(barrier_partition, spec))
     group = f"kolo_spark-{uuid.uuid4().hex[:12]}"
     description = f"kolo_spark: {num_proc} ranks of {os.path.basename(argv[0])}"

@@ -9,8 +9,10 @@ supervisor as well (an inherited fd the program never touches). The connection c
 worker, the supervisor and the rank (and anything that inherited it) are all gone: after a
 failure or an interrupt, ``run()`` waits (bounded) for that before it raises.
 
-Wire format: the task sends ``"<rank> <hmac>\\n"`` (HMAC-SHA256 of the rank under the job's
-secret: a connection that cannot prove it is closed), then frames ``kind (1 byte), length
+Wire format: a nonce challenge-response handshake first (``_HELLO`` below: fresh nonces from
+both sides, HMAC-SHA256 of both, the purpose and the rank under the job's secret, each side
+proving itself; a connection that cannot prove it within ``auth_timeout`` is closed), then the
+task sends frames ``kind (1 byte), length
 (4 bytes, big endian), payload``: ``L`` a log line (UTF-8), ``T`` the rank's timeline (JSON),
 ``F`` the rank's failure (JSON: kolo_spark.task.failure_payload), sent as soon as the task knows
 it, before the task fails the Spark stage.
@@ -26,7 +28,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
+import secrets
 import select
+import selectors
 import socket
 import struct
 import sys
@@ -37,82 +42,217 @@ from typing import Callable, Dict, List, Optional, Tuple
 _FRAME = struct.Struct("!cI")
 _MAX_FRAME = {b"L": 1 << 16, b"T": 256 << 20, b"F": 16 << 20}
 
+# The handshake (nonces from both sides, HMAC-SHA256 over both, the purpose and the rank, as
+# kolo's C++ net/auth.hpp does): the hub sends ``_HELLO`` and its 32-byte nonce (hex) on a
+# line; the task answers ``"<rank> <its nonce, hex> <proof, hex>\n"``; the hub answers with its
+# own proof on a line. A recorded handshake is worth nothing on another connection (the hub's
+# nonce is fresh), and a task streams to a hub that proved the secret, never to a stranger.
+_HELLO = b"kolo_spark-hub-1"
+_NONCE_BYTES = 32
+_MAX_HELLO = 256  # bytes of an answer line: more is not one of ours
 
-def _token(secret: str, rank: int) -> bytes:
-    return hmac.new(secret.encode(), f"kolo_spark-alive-{rank}".encode(),
-                    hashlib.sha256).hexdigest().encode()
+
+def _proof(secret: str, side: bytes, hub_nonce: bytes, task_nonce: bytes, rank: int) -> bytes:
+    msg = b"\0".join((b"kolo_spark-hub", side, hub_nonce, task_nonce, str(rank).encode()))
+    return hmac.new(secret.encode(), msg, hashlib.sha256).hexdigest().encode()
 
 
 LineSink = Callable[[int, str], None]
 
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with terminal control characters (C0 but tab, DEL, C1: escape sequences, a
+    carriage return that overwrites the line) written as ``\\xNN``: a rank's line cannot
+    drive the driver's terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
 
 def print_line(rank: int, line: str, stream=None) -> None:
-    """The default log sink: ``[kolo rank R] line`` on the driver's stdout."""
+    """The default log sink: ``[kolo rank R] line`` on the driver's stdout, control characters
+    escaped (escape_controls)."""
     out = stream or sys.stdout
     try:
-        out.write(f"[kolo rank {rank}] {line}\n")
+        out.write(f"[kolo rank {rank}] {escape_controls(line)}\n")
         out.flush()
     except (OSError, ValueError):
         pass
 
 
+def hub_bind_host(conf_get: Callable[[str], Optional[str]], master: str) -> str:
+    """Where the hub listens: loopback when Spark runs in local mode (every task is on this
+    machine), else ``spark.driver.bindAddress`` or ``spark.driver.host`` (the address Spark
+    itself serves the executors on), never every interface."""
+    if (master or "").startswith("local"):
+        return "127.0.0.1"
+    return conf_get("spark.driver.bindAddress") or conf_get("spark.driver.host") or "127.0.0.1"
+
+
+class _Pending:
+    """An accepted connection that has not proven the secret yet."""
+
+    __slots__ = ("nonce", "deadline", "buf", "out")
+
+    def __init__(self, nonce: bytes, deadline: float, out: bytes):
+        self.nonce, self.deadline, self.buf, self.out = nonce, deadline, bytearray(), out
+
+
 class LivenessServer:
     """Driver side: counts open connections per rank, hands log lines to ``on_line(rank, line)``
-    (on the hub's thread) and keeps each rank's timeline in ``traces``."""
+    (on the hub's thread) and keeps each rank's timeline in ``traces``.
 
-    def __init__(self, secret: str, bind_host: str = "0.0.0.0",
-                 on_line: Optional[LineSink] = None):
+    Against strangers: it listens on ``bind_host`` only; a connection must answer the nonce
+    challenge within ``auth_timeout`` seconds or it is closed; at most ``max_pending``
+    connections may be unproven at once (a new one closes the oldest unproven one: counted in
+    ``refused``, so a flood evicts itself while a rank's answer, a round trip after its
+    connect, gets through); it waits with ``selectors`` (epoll), so no fd number is too large for it."""
+
+    def __init__(self, secret: str, bind_host: str = "127.0.0.1",
+                 on_line: Optional[LineSink] = None, auth_timeout: float = 3.0,
+                 max_pending: int = 128):
         self._secret = secret
         self._on_line = on_line
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.auth_timeout = float(auth_timeout)
+        self.max_pending = int(max_pending)
+        family = socket.getaddrinfo(bind_host, 0, type=socket.SOCK_STREAM)[0]
+        self._sock = socket.socket(family[0], socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((bind_host, 0))
+        self._sock.bind(family[4])
         self._sock.listen(1024)
+        self._sock.setblocking(False)
+        self.bind_host = family[4][0]
         self.port = self._sock.getsockname()[1]
         self._lock = threading.Lock()
-        self._open: Dict[socket.socket, Optional[int]] = {}  # conn -> rank (None: not yet said)
+        self._open: Dict[socket.socket, int] = {}  # proven conn -> rank
+        self._pending: Dict[socket.socket, _Pending] = {}
         self._buf: Dict[socket.socket, bytearray] = {}
+        self.refused = 0  # connections closed at accept: too many unproven ones at once
+        self.rejected = 0  # connections closed for a wrong answer or none within auth_timeout
         self.seen = set()
         self.traces: Dict[int, list] = {}
         self.first_line_at: Dict[int, float] = {}  # rank -> time.time() of its first log line
         self.failures: Dict[int, dict] = {}  # rank -> its failure payload (an F frame)
         self.gone = set()  # ranks whose connection has closed
         self._stop = threading.Event()
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._sock, selectors.EVENT_READ)
         self._thread = threading.Thread(target=self._serve, name="kolo_spark-hub", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            with self._lock:
-                conns = list(self._open)
+            now = time.monotonic()
+            wait = 0.2
+            if self._pending:
+                wait = max(0.0, min(wait, min(p.deadline for p in self._pending.values()) - now))
             try:
-                ready, _, _ = select.select([self._sock] + conns, [], [], 0.2)
+                events = self._sel.select(wait)
             except (OSError, ValueError):
-                return
-            for s in ready:
+                if self._stop.is_set():
+                    return
+                time.sleep(0.01)
+                continue
+            listener = False
+            for key, _ in events:  # answers first: an accept burst may evict the oldest
+                s = key.fileobj
                 if s is self._sock:
-                    try:
-                        c, _ = self._sock.accept()
-                    except OSError:
-                        continue
-                    with self._lock:
-                        self._open[c] = None
-                        self._buf[c] = bytearray()
+                    listener = True
                     continue
+                if s not in self._pending and s not in self._open:
+                    continue  # evicted or dropped earlier in this round
                 try:
-                    data = s.recv(1 << 16)
-                except OSError:
-                    data = b""
-                if not data:
+                    self._readable(s)
+                except Exception:  # one bad connection never ends the hub
                     self._drop(s)
-                    continue
-                self._buf[s] += data
-                try:
-                    self._parse(s)
-                except ValueError:
-                    self._drop(s)
+            if listener:
+                self._accept()
+            now = time.monotonic()
+            for s in [s for s, p in self._pending.items() if p.deadline <= now]:
+                self.rejected += 1
+                self._drop(s)
+
+    def _accept(self) -> None:
+        for _ in range(max(1, self.max_pending // 2)):  # then the answers: a connection
+            # accepted now lives at least two rounds before a flood can evict it
+            try:
+                c, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of fds, or the peer went: try again on the next wake-up
+                time.sleep(0.001)
+                return
+            if len(self._pending) >= self.max_pending:  # the oldest unproven one makes room:
+                self.refused += 1  # a flood evicts itself, a rank's quick answer gets through
+                self._drop(next(iter(self._pending)))
+            c.setblocking(False)
+            nonce = secrets.token_bytes(_NONCE_BYTES)
+            p = _Pending(nonce, time.monotonic() + self.auth_timeout,
+                         _HELLO + b" " + nonce.hex().encode() + b"\n")
+            try:
+                c.send(p.out)  # a few dozen bytes into an empty socket buffer
+            except OSError:
+                c.close()
+                continue
+            self._pending[c] = p
+            self._sel.register(c, selectors.EVENT_READ)
+
+    def _readable(self, s: socket.socket) -> None:
+        try:
+            data = s.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(s)
+            return
+        p = self._pending.get(s)
+        if p is not None:
+            p.buf += data
+            nl = p.buf.find(b"\n")
+            if nl < 0:
+                if len(p.buf) > _MAX_HELLO:
+                    raise ValueError("no answer")
+                return
+            answer = self._answer(p, bytes(p.buf[:nl]))
+            if answer is None:
+                self.rejected += 1
+                raise ValueError("not one of ours")
+            rank, task_nonce = answer
+            rest = p.buf[nl + 1:]
+            del self._pending[s]
+            proof = _proof(self._secret, b"hub", p.nonce, task_nonce, rank) + b"\n"
+            if s.send(proof) != len(proof):  # 65 bytes into an empty socket buffer
+                raise ValueError("could not answer")
+            with self._lock:
+                self._open[s] = rank
+                self._buf[s] = bytearray(rest)
+            self.seen.add(rank)
+        else:
+            self._buf[s] += data
+        self._parse(s)
+
+    def _answer(self, p: _Pending, line: bytes) -> Optional[Tuple[int, bytes]]:
+        try:
+            rank_text, nonce_hex, proof = line.split(b" ")
+            rank = int(rank_text)
+            task_nonce = bytes.fromhex(nonce_hex.decode("ascii"))
+        except ValueError:
+            return None
+        if rank < 0 or len(task_nonce) != _NONCE_BYTES:
+            return None
+        if not hmac.compare_digest(proof, _proof(self._secret, b"task", p.nonce, task_nonce,
+                                                 rank)):
+            return None
+        return rank, task_nonce
 
     def _drop(self, s: socket.socket) -> None:
+        try:
+            self._sel.unregister(s)
+        except (KeyError, ValueError):
+            pass
+        self._pending.pop(s, None)
         with self._lock:
             rank = self._open.pop(s, None)
             self._buf.pop(s, None)
@@ -122,15 +262,7 @@ class LivenessServer:
 
     def _parse(self, s: socket.socket) -> None:
         buf = self._buf[s]
-        if self._open.get(s) is None:
-            nl = buf.find(b"\n")
-            if nl < 0:
-                if len(buf) > 256:
-                    raise ValueError("no hello")
-                return
-            self._hello(s, bytes(buf[:nl]))
-            del buf[:nl + 1]
-        rank = self._open.get(s)
+        rank = self._open[s]
         while len(buf) >= _FRAME.size:
             kind, n = _FRAME.unpack_from(buf)
             if kind not in _MAX_FRAME or n > _MAX_FRAME[kind]:
@@ -160,21 +292,13 @@ class LivenessServer:
                     with self._lock:  # a retried stage's report replaces the earlier one
                         self.failures[rank] = report
 
-    def _hello(self, s: socket.socket, line: bytes) -> None:
-        try:
-            rank_text, token = line.split(b" ", 1)
-            rank = int(rank_text)
-        except ValueError:
-            rank, token = -1, b""
-        if rank < 0 or not hmac.compare_digest(token, _token(self._secret, rank)):
-            raise ValueError("not one of ours")
-        with self._lock:
-            self._open[s] = rank
-        self.seen.add(rank)
-
     def alive_ranks(self) -> List[int]:
         with self._lock:
-            return sorted(r for r in self._open.values() if r is not None)
+            return sorted(self._open.values())
+
+    def alive(self) -> bool:
+        """Whether the hub's thread still serves."""
+        return self._thread.is_alive()
 
     def wait_reports(self, num_proc: int, limit: float) -> bool:
         """Waits until every rank has reported its failure or its connection has closed (a
@@ -203,9 +327,11 @@ class LivenessServer:
         self._stop.set()
         self._thread.join(2)
         with self._lock:
-            for s in list(self._open):
+            for s in list(self._open) + list(self._pending):
                 s.close()
             self._open.clear()
+            self._pending.clear()
+        self._sel.close()
         self._sock.close()
 
 
@@ -304,13 +430,50 @@ class HubClient:
 
 def connect(address: Optional[Tuple[str, int]], secret: str, rank: int, timeout: float = 5.0,
             **limits) -> Optional[HubClient]:
-    """Task side: best effort (a driver the executors cannot reach only loses the logs and the
-    wait)."""
+    """Task side: best effort (a driver the executors cannot reach, or a listener that cannot
+    prove the secret, only loses the logs and the wait)."""
     if not address:
         return None
+    end = time.monotonic() + timeout
+    for _ in range(20):  # a connection the hub closed unproven (a flood evicting it): again
+        hub, again = _connect_once(address, secret, rank, max(0.1, end - time.monotonic()),
+                                   limits)
+        if hub is not None or not again or time.monotonic() + 0.05 >= end:
+            return hub
+        time.sleep(0.05)
+    return None
+
+
+def _connect_once(address, secret, rank, timeout, limits) -> Tuple[Optional[HubClient], bool]:
+    """(the client, or None; whether the hub closed the connection mid-handshake)."""
+    s = None
     try:
         s = socket.create_connection(address, timeout=timeout)
-        s.sendall(f"{rank} ".encode() + _token(secret, rank) + b"\n")
-        return HubClient(s, **limits)
-    except OSError:
-        return None
+        f = s.makefile("rb")
+        line = f.readline(_MAX_HELLO)
+        if not line:
+            s.close()
+            return None, True
+        hello = line.rstrip(b"\n").split(b" ")
+        if len(hello) != 2 or hello[0] != _HELLO:
+            raise OSError("not a kolo_spark hub")
+        hub_nonce = bytes.fromhex(hello[1].decode("ascii"))
+        task_nonce = secrets.token_bytes(_NONCE_BYTES)
+        s.sendall(f"{rank} {task_nonce.hex()} ".encode() +
+                  _proof(secret, b"task", hub_nonce, task_nonce, rank) + b"\n")
+        answer = f.readline(_MAX_HELLO)
+        f.close()
+        if not answer:
+            s.close()
+            return None, True
+        if not hmac.compare_digest(answer.rstrip(b"\n"),
+                                   _proof(secret, b"hub", hub_nonce, task_nonce, rank)):
+            raise OSError("the hub did not prove the job's secret")
+        return HubClient(s, **limits), False
+    except (ConnectionResetError, BrokenPipeError):
+        s.close()
+        return None, True
+    except (OSError, ValueError):
+        if s is not None:
+            s.close()
+        return None, False

@@ -229,13 +229,20 @@ def raise_task_failure(error: KoloSparkError, payload: Optional[dict] = None) ->
     if payload is None:
         payload = failure_payload(error)
     blob = base64.b64encode(json.dumps(payload).encode()).decode()
-    raise TaskFailure(f"{error}\n{_MARK}<{blob}>")
+    # The marker is the message's last line; one inside the text (a rank's output tail) is
+    # defused, so only this one is ever read (error_from_text takes the last).
+    text = str(error).replace(_MARK, "KOLO_SPARK_FAILURE(quoted)")
+    raise TaskFailure(f"{text}\n{_MARK}<{blob}>")
 
 
 def error_from_text(text: str) -> Optional[KoloSparkError]:
-    """The kolo_spark error encoded in a failed job's message, if any."""
-    m = _MARK_RE.search(text)
-    if not m:
+    """The kolo_spark error encoded in a failed job's message, if any: the last marker line
+    (raise_task_failure writes it last; Spark may append only its own stack trace), so a marker
+    a rank printed earlier in the text never wins."""
+    m = None
+    for m in _MARK_RE.finditer(text):
+        pass
+    if m is None:
         return None
     try:
         p = json.loads(base64.b64decode(m.group(1)))
@@ -297,6 +304,24 @@ def scratch_dir(parent: Optional[str], rank: int) -> str:
         local_dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
         parent = local_dirs.split(",")[0] if local_dirs else None
     return tempfile.mkdtemp(prefix=f"kolo-spark-r{rank}-", dir=parent)
+
+
+_MAX_ERROR_RECORD = 16 << 20
+
+
+def read_bounded(path: str, limit: int, what: str) -> bytes:
+    """The bytes of ``path``, its size checked against ``limit`` before anything is read (a
+    SetupError naming the file otherwise)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise SetupError(f"kolo_spark: {path} holds {size:,} bytes, more than the "
+                             f"{limit:,} a rank's {what} may have")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise SetupError(f"kolo_spark: {path} grew past the {limit:,} bytes a rank's {what} "
+                         "may have while it was read")
+    return data
 
 
 @dataclass
@@ -379,8 +404,7 @@ class RankLaunch:
         if proc.returncode != 0:
             err_path = self.result_path + ".error"
             if self.spec.fn_payload is not None and os.path.exists(err_path):
-                with open(err_path) as f:
-                    record = json.load(f)
+                record = json.loads(read_bounded(err_path, _MAX_ERROR_RECORD, "error record"))
                 raise function_error(self.rank, record, proc.output_tail(), self.me.host,
                                      proc.returncode, proc.exited_at)
             detail = ""
@@ -390,9 +414,9 @@ class RankLaunch:
             raise RankFailedError(self.rank, proc.returncode, proc.output_tail(), self.me.host,
                                   detail=detail, failed_at=proc.exited_at)
         value = None
-        if self.spec.fn_payload is not None:
-            with open(self.result_path, "rb") as f:
-                value = f.read()
+        if self.spec.fn_payload is not None:  # fnrank enforced the limit; the file must agree
+            value = read_bounded(self.result_path, self.spec.max_result_bytes or (1 << 62),
+                                 "result (max_result_bytes)")
         return RankRun(result_of(self.spec, self.me, proc.returncode, proc.output_tail(),
                                  self.data, leftovers=proc.leftovers), value)
 
