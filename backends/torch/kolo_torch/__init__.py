@@ -13,18 +13,26 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 import torch.distributed as dist
 
 from . import _C
+from ._secret import load_secret, warn_if_published
 
-__all__ = ["register", "BACKEND_NAME", "create_backend"]
+__all__ = ["register", "BACKEND_NAME", "create_backend", "load_secret"]
 
 BACKEND_NAME = "kolo"
-create_backend = _C.create_backend
+
+
+def create_backend(store, rank, size, timeout):
+    """Creates the kolo backend of one process group: (store, rank, world size, timeout).
+    Rank 0 warns (one line) when, without KOLO_SECRET, the drawn secret is about to go into a
+    TCPStore on a non-loopback address (kolo_torch._secret)."""
+    warn_if_published(store, rank)
+    return _C.create_backend(store, rank, size, timeout)
 
 
 def register():
     """Registers the "kolo" backend with torch.distributed (idempotent)."""
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(BACKEND_NAME, _C.create_backend, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND_NAME, create_backend, devices=["cpu", "cuda"])
 
 
 register()
