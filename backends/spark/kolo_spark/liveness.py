@@ -106,7 +106,8 @@ class LivenessServer:
     challenge within ``auth_timeout`` seconds or it is closed; at most ``max_pending``
     connections may be unproven at once (a new one closes the oldest unproven one: counted in
     ``refused``, so a flood evicts itself while a rank's answer, a round trip after its
-    connect, gets through); it waits with ``selectors`` (epoll), so no fd number is too large for it."""
+    connect, gets through); it waits with ``selectors`` (epoll), so no fd number is too large
+    for it."""
 
     def __init__(self, secret: str, bind_host: str = "127.0.0.1",
                  on_line: Optional[LineSink] = None, auth_timeout: float = 3.0,
