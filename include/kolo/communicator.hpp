@@ -45,6 +45,7 @@
 #include "kolo/algorithm/selector.hpp"
 #include "kolo/algorithm/tuning_probe.hpp"
 #include "kolo/compression/compressor.hpp"
+#include "kolo/core/checked_size.hpp"
 #include "kolo/core/compiled_core.hpp"
 #include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
@@ -252,10 +253,15 @@ class Communicator {
   Buffer<E> allocate(std::size_t count) {
     static_assert(is_kolo_element_v<E> || std::is_same_v<E, std::byte>,
                   "kolo::Communicator::allocate: E must be a kolo element type or std::byte");
-    return Buffer<E>(allocate_region(count * sizeof(E)), count);
+    // A count whose bytes wrap is refused inside allocate_region's collective, on every rank.
+    return Buffer<E>(allocate_region(detail::saturating_mul(count, sizeof(E)), count, sizeof(E)),
+                     count);
   }
-  // The same, untyped: `bytes` bytes (what the engine's fusion buffer uses).
-  std::shared_ptr<detail::SharedRegion> allocate_region(std::size_t bytes);
+  // The same, untyped: `bytes` bytes (what the engine's fusion buffer uses). A size beyond any
+  // buffer (PTRDIFF_MAX) is a ConfigError on every rank; `count` x `elem_size` (when count > 0)
+  // is what it names then.
+  std::shared_ptr<detail::SharedRegion> allocate_region(std::size_t bytes, std::size_t count = 0,
+                                                        std::size_t elem_size = 1);
   // Whether Buffers of this communicator can be shared at all: more than one rank, and every
   // peer reached through shared memory. The same answer on every rank.
   bool zero_copy_routes() const {
@@ -772,7 +778,9 @@ void Communicator<T>::allreduce_coalesced(std::span<const TensorView> in,
 }
 
 template <class T>
-std::shared_ptr<detail::SharedRegion> Communicator<T>::allocate_region(std::size_t bytes) {
+std::shared_ptr<detail::SharedRegion> Communicator<T>::allocate_region(std::size_t bytes,
+                                                                       std::size_t count,
+                                                                       std::size_t elem_size) {
   if (!regions_) regions_ = std::make_shared<detail::RegionRegistry>();
   auto region = std::make_shared<detail::SharedRegion>();
   region->owner = regions_.get();
@@ -791,6 +799,11 @@ std::shared_ptr<detail::SharedRegion> Communicator<T>::allocate_region(std::size
         std::random_device rd;
         const std::uint64_t stamp = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
                                     static_cast<std::uint64_t>(::getpid());
+        if (count > 0) {
+          (void)detail::checked_bytes(count, elem_size, "allocate");
+        } else {
+          (void)detail::checked_bytes(bytes, 1, "allocate");
+        }
         region->create(bytes, stamp);
         mine[1] = share ? region->fd : -1;
         mine[3] = static_cast<std::int64_t>(region->mapped);
@@ -959,7 +972,7 @@ void Communicator<T>::allgather(TensorView in, TensorView out) {
     check_cpu(in, "allgather input");
     check_cpu(out, "allgather output");
     same_type(in, out, "allgather");
-    if (out.count != in.count * static_cast<std::size_t>(size())) {
+    if (out.count != detail::saturating_mul(in.count, static_cast<std::size_t>(size()))) {
       throw ConfigError("allgather: output has " + std::to_string(out.count) +
                         " elements, expected size x input = " + std::to_string(size()) + " x " +
                         std::to_string(in.count));
@@ -998,7 +1011,8 @@ void Communicator<T>::allgatherv(TensorView in, TensorView out,
                         "] = " + std::to_string(counts[static_cast<std::size_t>(rank())]) +
                         " but this rank's input has " + std::to_string(in.count) + " elements");
     }
-    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    std::size_t total = 0;  // saturating: counts that wrap can match no output
+    for (std::size_t c : counts) total = detail::saturating_add(total, c);
     if (out.count != total) {
       throw ConfigError("allgatherv: output has " + std::to_string(out.count) +
                         " elements, the counts add up to " + std::to_string(total));
@@ -1037,7 +1051,7 @@ void Communicator<T>::reduce_scatter(TensorView in, TensorView out, ReduceOp op)
     check_cpu(in, "reduce_scatter input");
     check_cpu(out, "reduce_scatter output");
     same_type(in, out, "reduce_scatter");
-    if (in.count != out.count * static_cast<std::size_t>(size())) {
+    if (in.count != detail::saturating_mul(out.count, static_cast<std::size_t>(size()))) {
       throw ConfigError("reduce_scatter: input has " + std::to_string(in.count) +
                         " elements, expected size x output = " + std::to_string(size()) + " x " +
                         std::to_string(out.count));
@@ -1140,7 +1154,7 @@ void Communicator<T>::gather(TensorView in, TensorView out, int root) {
     if (rank() == root) {
       check_cpu(out, "gather output");
       same_type(in, out, "gather");
-      if (out.count != in.count * static_cast<std::size_t>(size())) {
+      if (out.count != detail::saturating_mul(in.count, static_cast<std::size_t>(size()))) {
         throw ConfigError("gather: the root's output has " + std::to_string(out.count) +
                           " elements, expected size x input = " + std::to_string(size()) + " x " +
                           std::to_string(in.count));
@@ -1162,7 +1176,7 @@ void Communicator<T>::scatter(TensorView in, TensorView out, int root) {
         if (rank() == root) {
           check_cpu(in, "scatter input");
           same_type(in, out, "scatter");
-          if (in.count != out.count * static_cast<std::size_t>(size())) {
+          if (in.count != detail::saturating_mul(out.count, static_cast<std::size_t>(size()))) {
             throw ConfigError("scatter: the root's input has " + std::to_string(in.count) +
                               " elements, expected size x output = " + std::to_string(size()) +
                               " x " + std::to_string(out.count));
@@ -1460,6 +1474,7 @@ void Communicator<T>::check_cpu(const TensorView& v, const char* what) {
     throw ConfigError(std::string(what) + " is a null pointer with " + std::to_string(v.count) +
                       " elements");
   }
+  (void)detail::checked_bytes(v.count, dtype_size(v.dtype), what);
 }
 
 template <class T>

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kolo/communicator.hpp"
+#include "kolo/core/checked_size.hpp"
 #include "kolo/core/dtype.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/core/tensor.hpp"
@@ -340,8 +341,10 @@ kolo_result_t kolo_allgather(const void* sendbuf, void* recvbuf, size_t sendcoun
   return guard("kolo_allgather", Phase::call, [&] {
     Comm& c = comm_of(comm);
     check_collective(c, "kolo_allgather", dtype, std::nullopt);
-    c.allgather(view(sendbuf, sendcount, dtype),
-                view(recvbuf, sendcount * static_cast<std::size_t>(c.size()), dtype));
+    c.allgather(
+        view(sendbuf, sendcount, dtype),
+        view(recvbuf, kolo::detail::saturating_mul(sendcount, static_cast<std::size_t>(c.size())),
+             dtype));
   });
 }
 
@@ -358,7 +361,7 @@ kolo_result_t kolo_allgatherv(const void* sendbuf, size_t sendcount, void* recvb
     }
     const std::span<const std::size_t> counts(recvcounts, static_cast<std::size_t>(c.size()));
     std::size_t total = 0;
-    for (std::size_t n : counts) total += n;
+    for (std::size_t n : counts) total = kolo::detail::saturating_add(total, n);
     c.allgatherv(view(sendbuf, sendcount, dtype), view(recvbuf, total, dtype), counts);
   });
 }
@@ -377,8 +380,10 @@ kolo_result_t kolo_reduce_scatter(const void* sendbuf, void* recvbuf, size_t rec
   return guard("kolo_reduce_scatter", Phase::call, [&] {
     Comm& c = comm_of(comm);
     check_collective(c, "kolo_reduce_scatter", dtype, op);
-    c.reduce_scatter(view(sendbuf, recvcount * static_cast<std::size_t>(c.size()), dtype),
-                     view(recvbuf, recvcount, dtype), rop(op));
+    c.reduce_scatter(
+        view(sendbuf, kolo::detail::saturating_mul(recvcount, static_cast<std::size_t>(c.size())),
+             dtype),
+        view(recvbuf, recvcount, dtype), rop(op));
   });
 }
 
@@ -387,7 +392,9 @@ kolo_result_t kolo_alltoall(const void* sendbuf, void* recvbuf, size_t count, ko
   return guard("kolo_alltoall", Phase::call, [&] {
     Comm& c = comm_of(comm);
     check_collective(c, "kolo_alltoall", dtype, std::nullopt);
-    const std::size_t total = count * static_cast<std::size_t>(c.size());
+    // Saturating: a wrapped product would pass as a small buffer; SIZE_MAX is refused.
+    const std::size_t total =
+        kolo::detail::saturating_mul(count, static_cast<std::size_t>(c.size()));
     c.alltoall(view(sendbuf, total, dtype), view(recvbuf, total, dtype));
   });
 }

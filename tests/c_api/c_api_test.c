@@ -11,6 +11,8 @@
  *                a bad KOLO_* variable (KOLO_ERR_CONFIG), bad dtype/op at one rank
  *   bad-dtype    rank 0 passes an unknown dtype: KOLO_ERR_INVALID_ARGUMENT on every rank
  *   mismatch     rank 0 reduces 4 elements, the others 5: KOLO_ERR_MISMATCH on every rank
+ *   overflow     an allgather whose size x count wraps size_t: KOLO_ERR_INVALID_ARGUMENT naming
+ *                the count and element size on every rank
  *   dead-peer    the last rank exits without a word: KOLO_ERR_PEER_LOST on the others
  *   abort        the last rank calls kolo_comm_abort: KOLO_ERR_PEER_LOST on the others
  *   timeout      rank 0 waits in an allreduce that rank 1 joins too late (KOLO_TIMEOUT_SECONDS):
@@ -597,6 +599,13 @@ static void check_fault(kolo_comm_t comm, int rank, int size) {
     step_result(&log, 2, kolo_barrier(comm));
     expect_fault(&log, KOLO_ERR_INVALID_ARGUMENT,
                  rank == 0 ? "dtype 99 is not a kolo_dtype_t" : "on rank 0", rank == 0 ? 1 : 2);
+  } else if (strcmp(mode, "overflow") == 0) {
+    /* size x count wraps in the C ABI (2^63 x 2 = 0 elements of output) and 2^63 one-byte
+     * elements are beyond any buffer: refused on every rank, nothing read or written. */
+    const size_t wraps = SIZE_MAX / (size_t)size + 1;
+    step_result(&log, 1, kolo_allgather(a, b, wraps, KOLO_UINT8, comm));
+    step_result(&log, 2, kolo_barrier(comm));
+    expect_fault(&log, KOLO_ERR_INVALID_ARGUMENT, "elements of 1 bytes overflow", 1);
   } else if (strcmp(mode, "mismatch") == 0) {
     step_result(&log, 1, kolo_allreduce(a, b, rank == 0 ? 4 : 5, KOLO_INT32, KOLO_SUM, comm));
     step_result(&log, 2, kolo_barrier(comm));

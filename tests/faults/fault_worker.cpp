@@ -217,6 +217,19 @@ int bad_argument(const std::string& what) {
     c->allreduce(kolo::TensorView(odd ? nullptr : f.data(), f.size(), kolo::DataType::float32));
   } else if (what == "bad-root") {
     c->broadcast(std::span<float>(f), odd ? c->size() : 0);
+  } else if (what == "overflow-allreduce") {
+    // count * sizeof(float) wraps to 4 bytes: must be refused, never reduce 4 bytes.
+    const std::size_t huge = SIZE_MAX / sizeof(float) + 1;
+    c->allreduce(kolo::TensorView(f.data(), odd ? huge : f.size(), kolo::DataType::float32));
+  } else if (what == "overflow-allgather") {
+    // size x count wraps to a small output count on every rank.
+    const std::size_t huge = SIZE_MAX / static_cast<std::size_t>(c->size()) + 1;
+    c->allgather(kolo::TensorView(f.data(), huge, kolo::DataType::uint8),
+                 kolo::TensorView(f.data(), huge * static_cast<std::size_t>(c->size()),
+                                  kolo::DataType::uint8));
+  } else if (what == "overflow-allocate") {
+    auto b = c->allocate<float>(odd ? SIZE_MAX / sizeof(float) + 1 : f.size());
+    say("KOLO_ALLOCATED rank=" + rank_label + " " + std::to_string(b.size()));
   } else {
     std::fprintf(stderr, "unknown bad argument '%s'\n", what.c_str());
     return kOther;
@@ -577,7 +590,9 @@ int run(int argc, char** argv) {
   if (mode == "mismatch-count") return mismatch("count", elems);
   if (mode == "mismatch-dtype") return mismatch("dtype", elems);
   if (mode == "mismatch-order") return mismatch("order", elems);
-  if (mode == "null-buffer" || mode == "bad-root") return bad_argument(mode);
+  if (mode == "null-buffer" || mode == "bad-root" || mode.rfind("overflow-", 0) == 0) {
+    return bad_argument(mode);
+  }
   if (mode == "kill") {
     return kill_mid_allreduce(static_cast<int>(arg(2, 2)), static_cast<int>(arg(3, 300)),
                               static_cast<std::size_t>(arg(4, 1 << 20)),

@@ -15,10 +15,22 @@
 //   authenticated abuse   a client that knows the secret but breaks the store protocol: a 4 GiB
 //                         length, a maximal frame left unfinished, truncated frames, a string
 //                         overrunning its frame, an unknown op.
+//   floods (h4)           1,000 idle/garbage strangers at a store: at most the handshake cap of
+//                         descriptors held, a real client served at once; a real job whose ranks
+//                         have 512 descriptors sets up under 600 strangers per data port and
+//                         1,000 at its store; a client of another job id refused by the store.
+//   sizes, files (h4)     counts whose bytes overflow: ConfigError on every rank; the tuning
+//                         file's temporary and the timeline never follow a planted symlink.
+#include <sys/stat.h>
+
+#include <map>
 #include <optional>
 
 #include "harness.hpp"
+#include "kolo/algorithm/tuning_probe.hpp"
+#include "kolo/engine/timeline.hpp"
 #include "kolo/topology/store.hpp"
+#include "kolo/topology/topology.hpp"
 
 using namespace kolo_faults;
 
@@ -245,11 +257,14 @@ TEST_CASE("replayed handshakes are refused at the store and at a data port") {
   const std::string data_response =
       recorded_response(data_relay).substr(0, kolo::net::kResponseSize);
 
+  // Data connections prove the secret bound to the communicator's job token (in the store).
+  const std::string data_key = kolo::net::job_key(
+      secret, kolo::StoreClient({kLoopback, master_port}, secret, -1, 10).get("kolo/0/token"));
   Probes probes;
   probes.add(
       [&] { return probe_replay("replayed data handshake", kLoopback, ports[0], data_response); });
   probes.add([&] {
-    return probe_fresh("fresh data handshake (control)", kLoopback, ports[0], secret,
+    return probe_fresh("fresh data handshake (control)", kLoopback, ports[0], data_key,
                        {kolo::net::kPurposeData, 99, 0});
   });
   probes.check();
@@ -500,4 +515,251 @@ TEST_CASE("bad engine variables through kolo-run") {
   INFO(ok.out);
   CHECK(ok.code == 0);
   CHECK(count_of(ok.out, "KOLO_OK rank=") == 2);
+}
+
+// ---- Handshake caps, the job bound into the key, sizes that overflow, temporary files (h4) ----
+
+namespace {
+
+// `n` connections left as they are (non-blocking connects: the kernel completes them into the
+// listener's backlog, the rest wait in SYN retries), each holding a descriptor at the server
+// once accepted; every `garbage_every`-th also sends 256 random bytes.
+std::vector<Socket> open_idle(std::uint16_t port, int n, int garbage_every = 0) {
+  std::vector<Socket> v;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const std::string g = random_bytes(256);
+  for (int i = 0; i < n; ++i) {
+    Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!s.valid()) break;
+    if (::connect(s.fd(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 &&
+        errno != EINPROGRESS) {
+      continue;
+    }
+    if (garbage_every > 0 && i % garbage_every == 0) {
+      pollfd p{s.fd(), POLLOUT, 0};
+      if (::poll(&p, 1, 100) == 1) {
+        [[maybe_unused]] const ssize_t k = ::send(s.fd(), g.data(), g.size(), MSG_NOSIGNAL);
+      }
+    }
+    v.push_back(std::move(s));
+  }
+  return v;
+}
+
+int open_descriptors() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d) != nullptr) ++n;
+    ::closedir(d);
+  }
+  return n - 2;  // . and ..
+}
+
+}  // namespace
+
+// A StoreServer in this process; 1,000 idle and garbage strangers connect first. The store must
+// hold at most its cap of unauthenticated descriptors (not one per stranger until their 10 s
+// budget ends), count the excess, and still serve a real client at once.
+TEST_CASE("a flood of strangers is capped at the store's handshakes") {
+  const std::string secret = kolo::net::generate_secret();
+  const int before = open_descriptors();
+  kolo::StoreServer store(kolo::net::listen_tcp(kLoopback, 0, 4096), secret);
+  const int idle = 1000;
+  auto strangers = open_idle(store.port(), idle, 10);
+  REQUIRE(static_cast<int>(strangers.size()) == idle);
+  // Let the store take in what it will (its loop accepts 64 per turn).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int held = open_descriptors() - before - idle - 3;  // listener + wake pipe
+  CAPTURE(held);
+  CHECK(held <= 2 * static_cast<int>(kolo::net::kMaxPendingHandshakes));
+  const auto t0 = std::chrono::steady_clock::now();
+  kolo::StoreClient client({kLoopback, store.port()}, secret, 0, 10);
+  client.set("k", "v");
+  CHECK(client.get("k") == "v");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CAPTURE(s);
+  CHECK(s < 2.5);  // a quarter of the 10 s handshake budget the strangers could have held
+  CHECK(store.refused_handshakes() + store.evicted_handshakes() >=
+        static_cast<std::uint64_t>(idle) - 2 * kolo::net::kMaxPendingHandshakes);
+}
+
+// A real 2-rank TCP job whose ranks may hold only 512 descriptors; 600 idle and garbage
+// strangers wait at each rank's data port before the ranks start, and 1,000 hit rank 0's store
+// as soon as it listens. The job must set up and verify its allreduce well within the 10 s a
+// stranger may hold a handshake.
+TEST_CASE("a stranger flood during setup: the job completes on time") {
+  const int np = 2;
+  const std::string secret = kolo::net::generate_secret();
+  const std::uint16_t master_port = unused_port();
+  auto ranks =
+      torchrun_env(np, master_port, secret, {"KOLO_TRANSPORT=tcp", "KOLO_TIMEOUT_SECONDS=20"});
+  std::vector<std::uint16_t> ports;
+  for (auto& r : ranks) {
+    Socket l = kolo::net::listen_tcp(kLoopback, 0, 4096);
+    ports.push_back(kolo::net::local_port(l.fd()));
+    r.listen_fd = l.release();
+    r.vars.push_back("KOLO_LISTEN_FD=" + std::to_string(r.listen_fd));
+  }
+  std::vector<Socket> flood;
+  for (std::uint16_t p : ports) {
+    auto v = open_idle(p, 600, 10);
+    for (auto& s : v) flood.push_back(std::move(s));
+  }
+  std::atomic<bool> store_flooded{false};
+  std::vector<Socket> store_flood;
+  std::thread flooder([&] {
+    const auto dl = kolo::Deadline::after(10);
+    while (!dl.expired() && connect_refused(master_port)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    store_flood = open_idle(master_port, 1000, 10);
+    store_flooded.store(true);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<Proc>> procs;
+  for (auto& r : ranks) {
+    std::vector<std::string> env = clean_env();
+    env.insert(env.end(), r.vars.begin(), r.vars.end());
+    procs.push_back(std::make_unique<Proc>(
+        std::vector<std::string>{"/bin/sh", "-c", "ulimit -n 512 && exec \"$0\" \"$@\"",
+                                 KOLO_FAULT_WORKER_EXE, "setup"},
+        env, r.listen_fd, false));
+    ::close(r.listen_fd);
+    r.listen_fd = -1;
+  }
+  const bool finished = finish_all(raw(procs), 30);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  flooder.join();
+  CAPTURE(s);
+  CHECK(store_flooded.load());
+  for (const auto& p : procs) {
+    INFO(p->output());
+    REQUIRE(finished);
+    CHECK(p->code() == 0);
+    CHECK(contains(p->output(), "KOLO_OK rank="));
+  }
+  CHECK(s < 5.0);  // half the 10 s handshake budget a stranger could hold a slot for
+}
+
+// Two jobs sharing KOLO_SECRET but not the job id: job B's client is refused by job A's store
+// (its proof is for another key), job A's own is served; the job id comes from KOLO_JOB_ID, or
+// torchrun's TORCHELASTIC_RUN_ID ("none" is not an id).
+TEST_CASE("the job id is bound into the store's handshake") {
+  const std::string secret = kolo::net::generate_secret();
+  const std::string key_a = kolo::net::job_key(secret, "job-A");
+  CHECK(key_a != secret);
+  CHECK(key_a != kolo::net::job_key(secret, "job-B"));
+  CHECK(kolo::net::job_key(secret, "") == secret);
+  kolo::StoreServer store(kolo::net::listen_tcp(kLoopback, 0), key_a);
+  {
+    kolo::StoreClient a({kLoopback, store.port()}, kolo::net::job_key(secret, "job-A"), 0, 5);
+    a.set("k", "v");
+    CHECK(a.get("k") == "v");
+  }
+  for (const std::string& other : {std::string("job-B"), std::string()}) {
+    CAPTURE(other);
+    std::string error;
+    try {
+      kolo::StoreClient b({kLoopback, store.port()}, kolo::net::job_key(secret, other), 1, 5);
+      b.set("k", "spliced");
+    } catch (const kolo::Error& e) {
+      error = e.what();
+    }
+    CHECK(contains(error, "refused our authentication"));
+  }
+  kolo::StoreClient a({kLoopback, store.port()}, key_a, 0, 5);
+  CHECK(a.get("k") == "v");  // job B wrote nothing
+
+  auto env = [](std::map<std::string, std::string> m) {
+    m["KOLO_RANK"] = "0";
+    m["KOLO_SIZE"] = "2";
+    m["KOLO_STORE"] = "127.0.0.1:1";
+    m["KOLO_SECRET"] = "0123456789abcdef";
+    return [m](const std::string& k) -> std::optional<std::string> {
+      const auto it = m.find(k);
+      return it == m.end() ? std::nullopt : std::optional<std::string>(it->second);
+    };
+  };
+  CHECK(kolo::Topology::from_env(env({{"KOLO_JOB_ID", "j1"}})).job == "j1");
+  CHECK(kolo::Topology::from_env(env({{"TORCHELASTIC_RUN_ID", "r7"}})).job == "r7");
+  CHECK(kolo::Topology::from_env(env({{"TORCHELASTIC_RUN_ID", "none"}})).job.empty());
+  CHECK(kolo::Topology::from_env(env({{"KOLO_JOB_ID", "j1"}, {"TORCHELASTIC_RUN_ID", "r7"}})).job ==
+        "j1");
+}
+
+// count * element size (and size x count) that wraps: a ConfigError on every rank naming the
+// count and the element size, never a small buffer, a crash or an allocation.
+TEST_CASE("counts whose byte size overflows are refused on every rank") {
+  struct Case {
+    const char* mode;
+    const char* needle;
+  };
+  const std::string secret = kolo::net::generate_secret();
+  for (const Case c : {Case{"overflow-allreduce", "4611686018427387904 elements of 4 bytes"},
+                       Case{"overflow-allgather", "9223372036854775808 elements of 1 bytes"},
+                       Case{"overflow-allocate", "4611686018427387904 elements of 4 bytes"}}) {
+    CAPTURE(c.mode);
+    auto ranks = torchrun_env(2, unused_port(), secret, {"KOLO_TIMEOUT_SECONDS=10"});
+    auto procs = start_ranks(ranks, {c.mode});
+    const bool finished = finish_all(raw(procs), 20);
+    expect_each(procs, finished, "ConfigError", {c.needle}, 8);
+    for (const auto& p : procs) CHECK(!contains(p->output(), "KOLO_ALLOCATED"));
+  }
+}
+
+// The tuning file's temporary and the timeline: created 0600, never through a symlink planted at
+// the name (the old temporary name was predictable: path.tmp<pid>).
+TEST_CASE("temporary and timeline files are created privately, never through a symlink") {
+  char dir_template[] = "/tmp/kolo-h4-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  const std::string dir = dir_template;
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() { [[maybe_unused]] const int rc = std::system(("rm -rf '" + d + "'").c_str()); }
+  } cleanup{dir};
+  struct stat st {};
+  REQUIRE(::stat(dir.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  const std::string victim = dir + "/victim";
+  {
+    const int fd = ::open(victim.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::write(fd, "keep", 4) == 4);
+    ::close(fd);
+  }
+  auto victim_text = [&] {
+    char buf[64] = {};
+    const int fd = ::open(victim.c_str(), O_RDONLY);
+    const ssize_t k = ::read(fd, buf, sizeof(buf) - 1);
+    ::close(fd);
+    return std::string(buf, k > 0 ? static_cast<std::size_t>(k) : 0);
+  };
+  // The tuning file: a symlink at the old temporary name must not be followed.
+  const std::string tuning = dir + "/tuning.txt";
+  const std::string old_tmp = tuning + ".tmp" + std::to_string(::getpid());
+  REQUIRE(::symlink(victim.c_str(), old_tmp.c_str()) == 0);
+  kolo::detail::write_tuning_file(tuning, kolo::Tuning{});
+  CHECK(victim_text() == "keep");
+  REQUIRE(::stat(tuning.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(kolo::detail::read_tuning_file(tuning).source == kolo::Tuning::Source::file);
+  // The timeline: a symlink at the path is refused; a fresh path is created 0600.
+  const std::string link = dir + "/timeline.json";
+  REQUIRE(::symlink(victim.c_str(), link.c_str()) == 0);
+  {
+    kolo::Timeline t;
+    CHECK_THROWS_AS(t.open(link, 0), kolo::ConfigError);
+  }
+  CHECK(victim_text() == "keep");
+  const std::string fresh = dir + "/fresh.json";
+  {
+    kolo::Timeline t;
+    t.open(fresh, 0);
+  }
+  REQUIRE(::lstat(fresh.c_str(), &st) == 0);
+  CHECK(S_ISREG(st.st_mode));
+  CHECK((st.st_mode & 0777) == 0600);
 }

@@ -58,7 +58,9 @@ kolo::Topology topology(int rank, std::uint16_t store_port, const std::string& s
     const auto hp = kolo::net::parse_host_port(info.substr(info.find('|') + 1), "rank 0");
     const auto dl = kolo::Deadline::after(10);
     Socket s = kolo::net::connect_tcp(hp.host, hp.port, dl, "rank 0");
-    kolo::net::authenticate_client(s.fd(), secret, {kolo::net::kPurposeData, 1, 0}, dl, "rank 0");
+    // Data connections prove the secret bound to the communicator's job token.
+    kolo::net::authenticate_client(s.fd(), kolo::net::job_key(secret, boot.job_token()),
+                                   {kolo::net::kPurposeData, 1, 0}, dl, "rank 0");
     boot.barrier("mesh-ready");
     try {
       kolo::net::send_all(s.fd(), bytes.data(), bytes.size(), kolo::Deadline::after(10), "rank 0");

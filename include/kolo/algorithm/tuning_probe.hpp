@@ -223,11 +223,13 @@ inline Tuning read_tuning_file(const std::string& path) {
 }
 
 inline void write_tuning_file(const std::string& path, const Tuning& t) {
-  // Write then rename: a concurrent reader sees the old file or the whole new one.
+  // Write then rename: a concurrent reader sees the old file or the whole new one. The temporary
+  // file gets an unpredictable name and is created exclusively, mode 0600 (mkstemp: O_EXCL, so
+  // a symlink or file planted next to the target is never followed nor overwritten).
   const std::string where = "KOLO_TUNING=file:" + path;
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  std::string tmp = path + ".tmp.XXXXXX";
   const std::string text = t.to_text();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) throw ConfigError(where + ": cannot write " + tmp + ": " + std::strerror(errno));
   std::size_t done = 0;
   while (done < text.size()) {

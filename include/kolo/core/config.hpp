@@ -177,6 +177,16 @@ inline constexpr Var secret{"KOLO_SECRET",
                             "required when size > 1 (kolo-run and the Spark backend generate one)",
                             "per-job key of at least 8 characters; every TCP connection proves it "
                             "with HMAC-SHA256"};
+inline constexpr Var job_id{"KOLO_JOB_ID",
+                            Kind::text,
+                            Section::contract,
+                            Reader::topology,
+                            0,
+                            0,
+                            "torchrun's `TORCHELASTIC_RUN_ID`, else none",
+                            "the same on every rank of a job, different per job: bound into the "
+                            "store's handshakes, so jobs sharing `KOLO_SECRET` cannot join each "
+                            "other's store"};
 inline constexpr Var host_key{"KOLO_HOST_KEY",
                               Kind::text,
                               Section::contract,
@@ -770,6 +780,7 @@ inline std::span<const Var* const> all_vars() {
       &vars::peers,
       &vars::listen_fd,
       &vars::secret,
+      &vars::job_id,
       &vars::host_key,
       &vars::addr,
       &vars::devices,

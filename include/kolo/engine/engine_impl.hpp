@@ -31,6 +31,7 @@
 #include <vector>
 #include "kolo/communicator.hpp"
 #include "kolo/compression/compressor.hpp"
+#include "kolo/core/checked_size.hpp"
 #include "kolo/core/compiled_core.hpp"
 #include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
@@ -201,6 +202,8 @@ class EngineCore {
     if (in.count > 0 && (!in.data || !out.data)) {
       throw ConfigError("engine: tensor '" + std::string(name) + "' has a null data pointer");
     }
+    (void)detail::checked_bytes(in.count, dtype_size(in.dtype),
+                                "engine: tensor '" + std::string(name) + "'");
     if (out.count != in.count || out.dtype != in.dtype) {
       throw ConfigError("engine: tensor '" + std::string(name) +
                         "': output must match the input's count and dtype");

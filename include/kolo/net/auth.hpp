@@ -9,6 +9,10 @@
 // each proof single-use. A wrong proof, wrong magic, or a silent/garbage client is refused and the
 // socket closed; the server never answers a client that failed, so a scanner learns nothing.
 // HMAC and the nonces come from OpenSSL's libcrypto (a real, reviewed implementation).
+//
+// The job is bound into the key (job_key): a connection of another job that happens to share
+// KOLO_SECRET fails the MAC. AcceptGate caps the handshakes a listener runs at once, so a flood
+// of strangers cannot exhaust the process's descriptors.
 #pragma once
 
 #include <openssl/crypto.h>
@@ -16,11 +20,15 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <sys/socket.h>
+
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "kolo/core/deadline.hpp"
 #include "kolo/core/error.hpp"
@@ -31,6 +39,13 @@ namespace kolo::net {
 class AuthError : public Error {
  public:
   explicit AuthError(const std::string& what) : Error(what, ErrorKind::generic) {}
+};
+
+// The server closed the connection before sending its challenge: it is at its cap of handshakes
+// in progress (a flood); connect_authenticated tries again.
+class ServerBusyError : public PeerLostError {
+ public:
+  explicit ServerBusyError(const std::string& what) : PeerLostError(what) {}
 };
 
 inline constexpr char kAuthMagic[8] = {'K', 'O', 'L', 'O', 'A', 'U', '1', '\0'};
@@ -161,7 +176,14 @@ inline Hello authenticate_server(int fd, std::string_view secret, const Deadline
 inline void authenticate_client(int fd, std::string_view secret, const Hello& hello,
                                 const Deadline& dl, std::string_view who) {
   unsigned char challenge[kChallengeSize];
-  recv_all(fd, challenge, sizeof(challenge), dl, who);
+  try {
+    recv_all(fd, challenge, sizeof(challenge), dl, who);
+  } catch (const PeerLostError& e) {
+    throw ServerBusyError(std::string(who) +
+                          " closed the connection before its challenge (busy "
+                          "with other handshakes?): " +
+                          e.what());
+  }
   if (std::memcmp(challenge, kAuthMagic, 8) != 0) {
     throw AuthError(std::string(who) + " is not a kolo endpoint (bad authentication magic)");
   }
@@ -184,6 +206,112 @@ inline void authenticate_client(int fd, std::string_view secret, const Hello& he
   const auto expect = detail::hmac(secret, "kolo-s", nonce_c, challenge + 8, hello16);
   if (CRYPTO_memcmp(expect.data(), proof, kMacSize) != 0) {
     throw AuthError(std::string(who) + " failed to prove the job secret (not part of this job)");
+  }
+}
+
+// The key every handshake of one job uses: HMAC-SHA256(secret, "kolo-job:" job), hex. A client
+// of another job (another store, another communicator) that shares the secret fails the MAC and
+// is refused like a stranger. An empty job leaves the secret as it is (tools that know only the
+// secret, a store without a job id).
+inline std::string job_key(std::string_view secret, std::string_view job) {
+  if (job.empty()) return std::string(secret);
+  const std::string msg = "kolo-job:" + std::string(job);
+  unsigned char out[kMacSize];
+  unsigned int len = 0;
+  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+            reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &len) ||
+      len != kMacSize) {
+    throw Error("HMAC-SHA256 failed");
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : out) {
+    s.push_back(hex[c >> 4]);
+    s.push_back(hex[c & 15]);
+  }
+  return s;
+}
+
+// At most this many unauthenticated handshakes in progress per listener (the store, a rank's
+// data listener during setup). A real client finishes its handshake within a round trip.
+inline constexpr std::size_t kMaxPendingHandshakes = 64;
+// A handshake in progress this long may be closed to make room for a new connection.
+inline constexpr double kEvictableAfterSeconds = 0.5;
+
+// Accepting for a listener that runs handshakes concurrently (non-blocking listener):
+//   - accept() takes one connection (CLOEXEC, non-blocking), or returns -1 when none waits or
+//     descriptors ran out; then the gate pauses 100 ms, events() is 0 meanwhile so the caller
+//     does not spin on a listener that stays readable;
+//   - admit(pending, oldest) says what to do with it once `pending` handshakes are in progress,
+//     the oldest since `oldest`: below the cap start it; at the cap close the oldest one if it
+//     has had kEvictableAfterSeconds (a silent stranger: a real client answers in a round trip)
+//     and start the new one, else close the new one at once, before its challenge — the client
+//     sees the server busy and retries (connect_authenticated). Strangers never hold more than
+//     the cap in descriptors, and a burst of them is pushed out within half a second.
+class AcceptGate {
+ public:
+  using Clock = std::chrono::steady_clock;
+  enum class Admit { start, evict_oldest, refuse };
+
+  explicit AcceptGate(std::size_t cap = kMaxPendingHandshakes) : cap_(cap < 1 ? 1 : cap) {}
+
+  bool paused() const { return Clock::now() < paused_until_; }
+  short events() const { return paused() ? 0 : POLLIN; }
+
+  Admit admit(std::size_t pending, Clock::time_point oldest) {
+    if (pending < cap_) return Admit::start;
+    if (Clock::now() - oldest >= std::chrono::duration<double>(kEvictableAfterSeconds)) {
+      ++evicted_;
+      return Admit::evict_oldest;
+    }
+    ++refused_;
+    return Admit::refuse;
+  }
+  std::uint64_t evicted() const { return evicted_; }
+  std::uint64_t refused() const { return refused_; }
+
+  int accept(int lfd, sockaddr_storage* ss = nullptr) {
+    if (paused()) return -1;
+    for (;;) {
+      socklen_t len = sizeof(sockaddr_storage);
+      const int fd = ::accept4(lfd, reinterpret_cast<sockaddr*>(ss), ss ? &len : nullptr,
+                               SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) return fd;
+      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        // Out of descriptors or memory: the listener stays readable; existing clients go on.
+        last_errno_ = errno;
+        paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+      }
+      return -1;
+    }
+  }
+  int last_errno() const { return last_errno_; }
+
+ private:
+  std::size_t cap_;
+  std::uint64_t evicted_ = 0;
+  std::uint64_t refused_ = 0;
+  int last_errno_ = 0;
+  Clock::time_point paused_until_{};
+};
+
+// Connects to host:port and authenticates as `hello`, retrying (with a short back-off) while the
+// server closes new connections before its challenge (busy: at its handshake cap), until `dl`.
+inline Socket connect_authenticated(const std::string& host, std::uint16_t port,
+                                    std::string_view secret, const Hello& hello, const Deadline& dl,
+                                    std::string_view who) {
+  int backoff_ms = 10;
+  for (;;) {
+    Socket s = connect_tcp(host, port, dl, who);
+    try {
+      authenticate_client(s.fd(), secret, hello, dl, who);
+      return s;
+    } catch (const ServerBusyError&) {
+      if (dl.expired()) throw;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff_ms, dl.remaining_ms())));
+    backoff_ms = std::min(backoff_ms * 2, 200);
   }
 }
 

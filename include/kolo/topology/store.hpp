@@ -7,9 +7,10 @@
 // or malicious peer can never stall the others.
 //
 // Server: one thread, one poll() loop over the listener, a self-pipe (stop) and every client.
-// Handshakes run incrementally (net::ServerHandshake) with a budget of 10 s each; a blocking GET
-// or WAIT becomes a waiter parked on its keys and answered the moment a SET/ADD creates them, or
-// with MISSING when its deadline passes — no polling, no spinning. Sockets are non-blocking with
+// Handshakes run incrementally (net::ServerHandshake) with a budget of 10 s each, at most 64 at
+// once (beyond that, the oldest one if it has had 0.5 s, else the newcomer, is closed); a blocking
+// GET or WAIT becomes a waiter parked on its keys and answered the moment a SET/ADD creates them,
+// or with MISSING when its deadline passes — no polling, no spinning. Sockets are non-blocking with
 // per-connection output buffers, so a client that stops reading only stalls itself.
 //
 // Wire protocol (after the handshake; every integer little-endian):
@@ -53,6 +54,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -260,6 +262,8 @@ class StoreServer {
   struct Options {
     // How long an accepted connection may take to prove the secret before it is closed.
     double auth_timeout_seconds = 10.0;
+    // How many connections may be handshaking at once; beyond it the oldest one is closed.
+    std::size_t max_pending_handshakes = net::kMaxPendingHandshakes;
   };
 
   // Serves on an already-listening socket (from net::listen_tcp or an inherited KOLO_LISTEN_FD)
@@ -308,6 +312,10 @@ class StoreServer {
   StoreServer& operator=(const StoreServer&) = delete;
 
   std::uint16_t port() const { return port_; }
+  // Connections closed because max_pending_handshakes were in progress (a flood): handshakes
+  // closed unfinished to make room, and new connections closed before their challenge.
+  std::uint64_t evicted_handshakes() const { return evicted_.load(); }
+  std::uint64_t refused_handshakes() const { return refused_.load(); }
 
   // Idempotent: closes the listener and every connection (clients blocked in get/wait see
   // PeerLostError at once rather than waiting out their timeout) and joins the thread.
@@ -434,6 +442,7 @@ class StoreServer {
   void drop(Conn& c, const std::string& why, bool failure = true) {
     if (c.dead) return;
     if (failure) log(c, why);
+    if (c.handshake) --handshaking_;
     c.dead = true;
     unpark(c);
     clear_timer(c);
@@ -497,6 +506,10 @@ class StoreServer {
         accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
         return;
       }
+      if (!make_room()) {
+        ::close(fd);  // busy: before the challenge, so the client retries
+        continue;
+      }
       auto c = std::make_unique<Conn>();
       c->id = next_id_++;
       c->sock = net::Socket(fd);
@@ -509,8 +522,43 @@ class StoreServer {
         continue;  // the unique_ptr closes the socket
       }
       set_timer(*c, Deadline::after(options_.auth_timeout_seconds).time());
+      ++handshaking_;
+      handshake_order_.push_back(c->id);
       conns_.emplace(c->id, std::move(c));
     }
+  }
+
+  // Before a new handshake (net::AcceptGate's rule): below the cap start it; at the cap close
+  // the oldest handshake in progress if it has had kEvictableAfterSeconds (a real client answers
+  // within a round trip), else refuse the new one (closed before its challenge: the client sees
+  // the store busy and retries). Strangers never hold more than the cap in descriptors.
+  bool make_room() {
+    while (!handshake_order_.empty()) {  // forget finished ones at the front
+      const Conn* c = find(handshake_order_.front());
+      if (c && c->handshake) break;
+      handshake_order_.pop_front();
+    }
+    if (handshake_order_.size() > 2 * options_.max_pending_handshakes + 64) {
+      std::erase_if(handshake_order_, [&](Id id) {
+        const Conn* c = find(id);
+        return !c || !c->handshake;
+      });
+    }
+    if (handshaking_ < std::max<std::size_t>(options_.max_pending_handshakes, 1)) return true;
+    Conn* oldest = handshake_order_.empty() ? nullptr : find(handshake_order_.front());
+    if (!oldest || !oldest->timer) return true;
+    const auto started =
+        *oldest->timer - std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(options_.auth_timeout_seconds));
+    if (Clock::now() - started < std::chrono::duration<double>(net::kEvictableAfterSeconds)) {
+      refused_.fetch_add(1);
+      return false;
+    }
+    handshake_order_.pop_front();
+    evicted_.fetch_add(1);
+    drop(*oldest, "closed unauthenticated to make room: " + std::to_string(handshaking_) +
+                      " handshakes in progress (the cap)");
+    return true;
   }
 
   void on_events(Id id, short revents) {
@@ -546,6 +594,7 @@ class StoreServer {
     }
     const net::Hello hello = c.handshake->hello();
     c.handshake.reset();
+    --handshaking_;
     clear_timer(c);
     c.rank = hello.rank;
     if (hello.purpose != net::kPurposeStore) {
@@ -825,6 +874,10 @@ class StoreServer {
   std::vector<Id> dead_;
   Id next_id_ = 1;
   Clock::time_point accept_paused_until_{};
+  std::size_t handshaking_ = 0;     // connections with a handshake in progress
+  std::deque<Id> handshake_order_;  // in accept order (may hold finished ones)
+  std::atomic<std::uint64_t> evicted_{0};
+  std::atomic<std::uint64_t> refused_{0};
 
   std::thread thread_;  // last: starts after everything above is initialised
 };
@@ -841,11 +894,12 @@ class StoreClient final : public KvStore {
                         store_detail::seconds_text(timeout_seconds) + ")");
     }
     const Deadline dl = Deadline::after(timeout_);
-    sock_ = net::connect_tcp(addr_.host, addr_.port, dl, who_);
     try {
-      net::authenticate_client(sock_.fd(), secret, net::Hello{net::kPurposeStore, rank, 0}, dl,
-                               who_);
+      // Retries while the store is at its handshake cap (a flood of strangers).
+      sock_ = net::connect_authenticated(addr_.host, addr_.port, secret,
+                                         net::Hello{net::kPurposeStore, rank, 0}, dl, who_);
     } catch (const TimeoutError& e) {
+      if (std::string_view(e.what()).find("cannot connect to") != std::string_view::npos) throw;
       throw TimeoutError(who_ +
                          " accepted the connection but did not complete authentication "
                          "within " +

@@ -42,6 +42,7 @@ struct Topology {
   int listen_fd = -1;                // KOLO_LISTEN_FD: inherited, already bound and listening
 
   std::string secret;        // KOLO_SECRET
+  std::string job;           // KOLO_JOB_ID (or TORCHELASTIC_RUN_ID): bound into store handshakes
   std::vector<int> devices;  // KOLO_DEVICES
   double timeout_seconds = 30.0;
   std::string host_key;      // ranks with equal keys share a host (shared memory reaches them)

@@ -5,8 +5,14 @@
 // (core/compiled_core.hpp, KOLO_IMPL_INLINE).
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <mutex>
 #include <string>
@@ -19,8 +25,25 @@
 namespace kolo {
 
 KOLO_IMPL_INLINE void Timeline::open(const std::string& path, int rank) {
-  file_ = std::fopen(path.c_str(), "w");
-  if (!file_) throw ConfigError("KOLO_TIMELINE=" + path + " cannot be opened for writing");
+  // Mode 0600, never through a symlink (O_NOFOLLOW: a link planted at the path in a shared
+  // directory is refused, not followed), and only a regular file of our own is truncated.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    throw ConfigError("KOLO_TIMELINE=" + path + " cannot be opened for writing: " +
+                      std::strerror(errno) + (errno == ELOOP ? " (it is a symbolic link)" : ""));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() ||
+      ::ftruncate(fd, 0) != 0) {
+    ::close(fd);
+    throw ConfigError("KOLO_TIMELINE=" + path +
+                      " is not a regular file owned by this user: not written");
+  }
+  file_ = ::fdopen(fd, "w");
+  if (!file_) {
+    ::close(fd);
+    throw ConfigError("KOLO_TIMELINE=" + path + " cannot be opened for writing");
+  }
   rank_ = rank;
   start_ = clock::now();
   std::fputs("[\n", file_);

@@ -24,15 +24,18 @@ KOLO_IMPL_INLINE Bootstrap::Bootstrap(Topology topo) : topo_(std::move(topo)) {
   prefix_ = "kolo/" + std::to_string(counter.fetch_add(1)) + "/";
   if (topo_.size > 1) {
     if (!topo_.store) throw ConfigError("no rendezvous store address for a multi-rank job");
+    // The store's handshakes prove the secret bound to the job id (KOLO_JOB_ID): a rank of
+    // another job that shares the secret is refused by this store, and this rank by theirs.
+    const std::string store_key = net::job_key(topo_.secret, topo_.job);
     if (topo_.host_store && topo_.rank == 0) {
       // Rank 0 serves the store, on the inherited listening socket when the launcher gave one
       // (KOLO_LISTEN_FD with KOLO_PEERS: no bind race), else on the advertised port.
       if (topo_.listen_fd >= 0 && !topo_.peers.empty()) {
-        server_ = std::make_unique<StoreServer>(net::Socket(topo_.listen_fd), topo_.secret);
+        server_ = std::make_unique<StoreServer>(net::Socket(topo_.listen_fd), store_key);
         topo_.listen_fd = -1;  // consumed by the store
       } else {
         try {
-          server_ = StoreServer::listen("0.0.0.0", topo_.store->port, topo_.secret);
+          server_ = StoreServer::listen("0.0.0.0", topo_.store->port, store_key);
         } catch (const Error& e) {
           throw ConfigError(std::string(e.what()) +
                             ": rank 0 hosts kolo's rendezvous store on "
@@ -43,8 +46,8 @@ KOLO_IMPL_INLINE Bootstrap::Bootstrap(Topology topo) : topo_(std::move(topo)) {
         }
       }
     }
-    store_ = std::make_shared<StoreClient>(*topo_.store, topo_.secret, topo_.rank,
-                                           topo_.timeout_seconds);
+    store_ =
+        std::make_shared<StoreClient>(*topo_.store, store_key, topo_.rank, topo_.timeout_seconds);
   }
   derive_hosts();
 }

@@ -185,6 +185,13 @@ KOLO_IMPL_INLINE Topology Topology::from_env(const EnvLookup& env) {
   }
 
   t.secret = read_secret(env, t.size, /*required=*/true);
+  // The job id the store's handshakes are bound to (net::job_key): KOLO_JOB_ID, else torchrun's
+  // run id ("none" when torchrun was given no --rdzv-id: not an id).
+  if (auto j = config::get_text(env, config::vars::job_id); j && !j->empty()) {
+    t.job = *j;
+  } else if (auto r = env("TORCHELASTIC_RUN_ID"); r && !r->empty() && *r != "none") {
+    t.job = *r;
+  }
 
   read_knobs(t, env);
   return t;

@@ -179,7 +179,9 @@ class MeshConnector {
 
   void connect_tcp(net::Socket listener, const std::vector<std::string>& infos, MeshLinks& links,
                    const Deadline& dl) {
-    const std::string secret = boot_.topology().secret;
+    // The secret bound to this communicator's job token (h4: net::job_key): a rank of another
+    // job or communicator that shares KOLO_SECRET fails the handshake.
+    const std::string secret = net::job_key(boot_.topology().secret, boot_.job_token());
     // Higher ranks connect to lower ones; an acceptor thread serves the handshakes of the
     // higher ranks meanwhile, all of them at once, so a silent stranger stalls nobody.
     std::vector<int> expect;
@@ -203,8 +205,9 @@ class MeshConnector {
         const auto hp = net::parse_host_port(info.substr(info.find('|') + 1),
                                              "address of rank " + std::to_string(p));
         const std::string who = "rank " + std::to_string(p) + " (" + hp.str() + ")";
-        net::Socket s = net::connect_tcp(hp.host, hp.port, dl, who);
-        net::authenticate_client(s.fd(), secret, net::Hello{net::kPurposeData, rank_, 0}, dl, who);
+        // h4: retries while the peer's listener is at its handshake cap (a flood).
+        net::Socket s = net::connect_authenticated(
+            hp.host, hp.port, secret, net::Hello{net::kPurposeData, rank_, 0}, dl, who);
         fds[static_cast<std::size_t>(p)] = s.release();
       }
     } catch (...) {
@@ -234,8 +237,10 @@ class MeshConnector {
       net::Socket sock;
       std::unique_ptr<net::ServerHandshake> hs;
       Deadline until;
+      net::AcceptGate::Clock::time_point since = net::AcceptGate::Clock::now();  // h4
     };
     std::vector<Pending> pending;
+    net::AcceptGate gate;  // h4: at most net::kMaxPendingHandshakes strangers at once
     net::set_nonblocking(lfd, true);
     while (missing > 0) {
       if (stop_accepting_.load()) return;
@@ -250,12 +255,27 @@ class MeshConnector {
                            " (KOLO_TIMEOUT_SECONDS=" + std::to_string(timeout_) + ")");
       }
       std::vector<pollfd> fds;
-      fds.push_back({lfd, POLLIN, 0});
+      fds.push_back({lfd, gate.events(), 0});  // h4: 0 while paused (out of descriptors)
       for (auto& pc : pending) fds.push_back({pc.sock.fd(), POLLIN, 0});
       const int rc = ::poll(fds.data(), fds.size(), dl.remaining_ms(100));
       if (rc < 0 && errno != EINTR) throw Error("poll failed: " + net::errno_text(errno));
       if (fds[0].revents & POLLIN) {
-        const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int fd = gate.accept(lfd);
+        if (fd >= 0) {
+          // h4: at the cap the oldest handshake makes room (marked here, dropped below, not
+          // polled this turn), or the newcomer is closed before its challenge (it retries).
+          const auto admit =
+              gate.admit(pending.size(),
+                         pending.empty() ? net::AcceptGate::Clock::now() : pending.front().since);
+          if (admit == net::AcceptGate::Admit::evict_oldest) {
+            pending.front().until = Deadline::after(0);
+            fds[1].revents = 0;
+          }
+          if (admit == net::AcceptGate::Admit::refuse) {
+            ::close(fd);
+            fd = -1;
+          }
+        }
         if (fd >= 0) {
           Pending pc{net::Socket(fd), nullptr, Deadline::after(10.0).earlier(dl)};
           try {
