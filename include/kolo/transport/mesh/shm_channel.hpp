@@ -22,6 +22,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -89,6 +90,10 @@ struct ShmGeometry {
   std::size_t segment_bytes(std::size_t local_ranks) const {
     return kShmControlBytes + local_ranks * ring_bytes();
   }
+  // What such a segment holds in memory: its own ring carries nothing, so it is not reserved.
+  std::size_t reserved_bytes(std::size_t local_ranks) const {
+    return kShmControlBytes + (local_ranks > 0 ? local_ranks - 1 : 0) * ring_bytes();
+  }
 };
 
 inline std::string shm_segment_name(const std::string& token, int rank) {
@@ -106,23 +111,104 @@ struct ShmMapping {
   }
 };
 
+// The bytes free in the file system that holds the POSIX shared-memory names (-1: unknown).
+inline long long shm_free_bytes() {
+  struct statvfs v {};
+  if (::statvfs("/dev/shm", &v) != 0) return -1;
+  return static_cast<long long>(v.f_bavail) * static_cast<long long>(v.f_frsize);
+}
+
+// The size of that file system (-1: unknown).
+inline long long shm_total_bytes() {
+  struct statvfs v {};
+  if (::statvfs("/dev/shm", &v) != 0) return -1;
+  return static_cast<long long>(v.f_blocks) * static_cast<long long>(v.f_frsize);
+}
+
+// The geometry this host's `local_ranks` ranks use. Explicitly chosen values are kept; the
+// defaults (8 slots of 256 KiB: local_ranks^2 rings of 2 MiB on the host, 128 MiB for 8 ranks)
+// halve their slot size, down to 16 KiB, until every segment of the host fits in 3/4 of
+// /dev/shm's size (8 ranks in a 64 MiB container /dev/shm: 64 KiB slots, 33 MiB). Every rank
+// of the host computes the same result: the same inputs, the same file system.
+inline ShmGeometry fit_shm_geometry(ShmGeometry g, std::size_t local_ranks) {
+  const ShmGeometry defaults;
+  if (g.slots != defaults.slots || g.slot_bytes != defaults.slot_bytes || local_ranks < 2) {
+    return g;
+  }
+  const long long total = shm_total_bytes();
+  if (total <= 0) return g;
+  const auto budget = static_cast<std::size_t>(total) / 4 * 3;
+  while (g.slot_bytes > 16 * 1024 && local_ranks * g.reserved_bytes(local_ranks) > budget) {
+    g.slot_bytes /= 2;
+  }
+  return g;
+}
+
+// Maps segment `name` of `bytes`: created (sized and its pages reserved, so that a /dev/shm too
+// small fails here, not with a SIGBUS at some later first touch) or opened (a segment of any
+// other size is a ConfigError: a peer with another geometry). `whose` names it in errors
+// ("rank 3's shared-memory segment").
 inline std::shared_ptr<ShmMapping> map_shm_segment(const std::string& name, std::size_t bytes,
-                                                   bool create) {
+                                                   bool create,
+                                                   const std::string& whose = "shared memory",
+                                                   std::size_t hole_at = 0,
+                                                   std::size_t hole_bytes = 0) {
   const int fd = ::shm_open(name.c_str(), create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
   if (fd < 0) {
     throw Error("shm_open(" + name + ") failed: " + net::errno_text(errno) +
                 (create ? " (is /dev/shm mounted and writable?)" : ""));
   }
-  if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const int err = errno;
+  const auto fail = [&](const std::string& why, bool config) {
     ::close(fd);
-    ::shm_unlink(name.c_str());
-    throw Error("cannot size shared memory " + name + " to " + std::to_string(bytes) +
-                " bytes: " + net::errno_text(err) + " (is /dev/shm large enough?)");
+    if (create) ::shm_unlink(name.c_str());
+    if (config) throw ConfigError(why);
+    throw Error(why);
+  };
+  if (create) {
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      fail("cannot size " + whose + " (" + name + ") to " + std::to_string(bytes) +
+               " bytes: " + net::errno_text(errno) + " (is /dev/shm large enough?)",
+           false);
+    }
+    // Every byte but the hole [hole_at, hole_at + hole_bytes): reserved now.
+    const auto reserve = [fd](std::size_t from, std::size_t to) {
+      int r = 0;
+      if (to <= from) return r;
+      do {
+        r = ::posix_fallocate(fd, static_cast<off_t>(from), static_cast<off_t>(to - from));
+      } while (r == EINTR);
+      return r;
+    };
+    int rc = reserve(0, hole_at);
+    if (rc == 0) rc = reserve(hole_at + hole_bytes, bytes);
+    // EOPNOTSUPP/EINVAL: a file system without fallocate; the pages then come on first touch.
+    if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL) {
+      const long long free_bytes = shm_free_bytes();
+      fail(whose + " needs " + std::to_string(bytes - hole_bytes) + " bytes, but /dev/shm has " +
+               (free_bytes < 0 ? std::string("an unknown number of") : std::to_string(free_bytes)) +
+               " bytes free (" + net::errno_text(rc) +
+               "): enlarge /dev/shm (docker run --shm-size), lower KOLO_SHM_SLOTS or "
+               "KOLO_SHM_SLOT_BYTES, or use KOLO_TRANSPORT=tcp",
+           rc == ENOSPC);
+    }
+  } else {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0)
+      fail("fstat of " + name + " failed: " + net::errno_text(errno), false);
+    if (static_cast<std::size_t>(st.st_size) != bytes) {
+      fail(whose + " (" + name + ") is " + std::to_string(st.st_size) +
+               " bytes, this rank expects " + std::to_string(bytes) +
+               ": the ranks of this host disagree on KOLO_SHM_SLOTS or KOLO_SHM_SLOT_BYTES",
+           true);
+    }
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
   ::close(fd);
-  if (p == MAP_FAILED) throw Error("mmap of " + name + " failed: " + net::errno_text(errno));
+  if (p == MAP_FAILED) {
+    if (create) ::shm_unlink(name.c_str());
+    throw Error("mmap of " + name + " failed: " + net::errno_text(err));
+  }
   auto m = std::make_shared<ShmMapping>();
   m->base = p;
   m->bytes = bytes;
@@ -160,14 +246,28 @@ inline void prefault_slot_heads(std::byte* ring, const ShmGeometry& g) {
 // This rank's own segment: its control block, its doorbell and its inbound rings.
 class ShmSegment {
  public:
-  // Creates and maps the segment (`local_ranks` inbound rings) and the doorbell, by name.
-  void create(const std::string& token, int rank, std::size_t local_ranks, ShmGeometry g) {
+  // Creates and maps the segment (`local_ranks` inbound rings) and the doorbell, by name. This
+  // rank is local index `self`: its own ring is never written, so it is not reserved (without
+  // `self`, all of it is).
+  void create(const std::string& token, int rank, std::size_t local_ranks, ShmGeometry g,
+              std::size_t self = ~std::size_t{0}) {
+    const bool hole = self < local_ranks;
     geometry_ = g;
-    mapping_ = map_shm_segment(shm_segment_name(token, rank), g.segment_bytes(local_ranks), true);
+    const std::string what = "rank " + std::to_string(rank) + "'s shared-memory segment (" +
+                             std::to_string(local_ranks - 1) + " rings of " +
+                             std::to_string(g.slots) + " slots of " + std::to_string(g.slot_bytes) +
+                             " bytes; the host's " + std::to_string(local_ranks) + " ranks need " +
+                             std::to_string(local_ranks * g.reserved_bytes(local_ranks)) +
+                             " bytes in all)";
+    mapping_ = map_shm_segment(shm_segment_name(token, rank), g.segment_bytes(local_ranks), true,
+                               what, hole ? kShmControlBytes + self * g.ring_bytes() : 0,
+                               hole ? g.ring_bytes() : 0);
     ctrl_ = new (mapping_->base) ShmControl();
     ctrl_->pid = static_cast<std::int32_t>(::getpid());
     ctrl_->cpu.store(-1, std::memory_order_relaxed);
-    for (std::size_t k = 0; k < local_ranks; ++k) prefault_slot_heads(inbound_ring(k), g);
+    for (std::size_t k = 0; k < local_ranks; ++k) {
+      if (k != self) prefault_slot_heads(inbound_ring(k), g);
+    }
     bell_.create(doorbell_path(token, rank), &ctrl_->sleeping);
   }
 
@@ -200,7 +300,12 @@ class ShmSegment {
   // caller looks again on its next pass).
   std::optional<RemoteAbort> abort_record() const {
     const std::uint32_t serial = abort_serial();
-    RemoteAbort a{static_cast<ErrorKind>(ctrl_->abort_kind), ctrl_->abort_origin,
+    // Written by a peer: a kind outside the enum reads as a generic error; the text is bounded
+    // by the record's size (strnlen), whatever the writer left in it.
+    const std::int32_t kind = ctrl_->abort_kind;
+    const bool known = kind >= static_cast<std::int32_t>(ErrorKind::generic) &&
+                       kind <= static_cast<std::int32_t>(ErrorKind::config);
+    RemoteAbort a{known ? static_cast<ErrorKind>(kind) : ErrorKind::generic, ctrl_->abort_origin,
                   std::string(ctrl_->reason, ::strnlen(ctrl_->reason, sizeof(ctrl_->reason))),
                   ctrl_->abort_seq};
     std::atomic_thread_fence(std::memory_order_acquire);
@@ -247,7 +352,8 @@ class ShmChannel {
   void open(const std::string& token, int rank, int pid, std::size_t local_ranks, std::size_t me,
             std::size_t them, const ShmSegment& own, ShmGeometry g) {
     geometry_ = g;
-    mapping_ = map_shm_segment(shm_segment_name(token, rank), g.segment_bytes(local_ranks), false);
+    mapping_ = map_shm_segment(shm_segment_name(token, rank), g.segment_bytes(local_ranks), false,
+                               "rank " + std::to_string(rank) + "'s shared-memory segment");
     auto* base = static_cast<std::byte*>(mapping_->base);
     peer_ctrl_ = reinterpret_cast<ShmControl*>(base);
     out_ = base + kShmControlBytes + me * g.ring_bytes();
@@ -311,14 +417,24 @@ class ShmChannel {
         }
         op.begun = true;
       }
-      const std::size_t n = s->bytes;
+      // The peer wrote n: never trusted past the slot or the posted receive (a corrupt or
+      // hostile header would read past the slot, or write past the receive buffer).
+      const std::uint64_t n = s->bytes;
+      if (n > std::min<std::uint64_t>(geometry_.slot_bytes, op.bytes - op.done)) [[unlikely]] {
+        throw_bad_length(op, n);
+      }
       const auto* data = reinterpret_cast<const std::byte*>(s + 1);
       if (op.pieces != nullptr) {
+        if (op.kind == OpKind::recv_reduce && n % op.rs.elem_size != 0) [[unlikely]] {
+          throw_bad_length(op, n);
+        }
         deliver_pieces(op, data, n);
       } else if (op.kind == OpKind::recv) {
         if (n > 0) std::memcpy(op.dst + op.done, data, n);  // dst may be null when n == 0
         op.done += n;
       } else {
+        if (n % op.rs.elem_size != 0) [[unlikely]]
+          throw_bad_length(op, n);
         op.rs.fn(op.dst + op.done, op.src + op.done, data, n / op.rs.elem_size);
         op.done += n;
       }
@@ -380,6 +496,20 @@ class ShmChannel {
   }
 
  private:
+  // A slot header whose length does not fit: the slot, the receive's remaining bytes, or (a
+  // reduction) a whole number of elements.
+  [[gnu::noinline, noreturn]] void throw_bad_length(const StreamOp& op, std::uint64_t n) const {
+    throw Error("shared-memory protocol error from rank " + std::to_string(op.peer) +
+                ": a slot says it holds " + std::to_string(n) + " bytes, but a slot holds " +
+                std::to_string(geometry_.slot_bytes) + " and the receive has " +
+                std::to_string(op.bytes - op.done) + " of " + std::to_string(op.bytes) +
+                " bytes left" +
+                (op.kind == OpKind::recv_reduce
+                     ? " (elements of " + std::to_string(op.rs.elem_size) + " bytes)"
+                     : std::string()) +
+                " (shm)");
+  }
+
   // A slot's `n` bytes into a vectored receive's pieces (copied, or folded with op.rs).
   [[gnu::noinline]] static void deliver_pieces(StreamOp& op, const std::byte* data, std::size_t n) {
     const bool reduce = op.kind == OpKind::recv_reduce;
