@@ -157,9 +157,46 @@ def main():
     flood.stop = True
     flood.thread.join()
     fs = max(flood.seconds, 1e-9)
+
+    # Control: the same flood at a listener outside the job (this script accepts and closes
+    # every connection), so what the flood costs the machine (2 shared cores: the flooder's and
+    # the kernel's work) is told apart from what it costs kolo's listeners.
+    dummy = socket.socket()
+    dummy.bind(("127.0.0.1", 0))
+    dummy.listen(4096)
+    dummy.setblocking(False)
+    stop_dummy = threading.Event()
+
+    def serve_dummy():
+        sel = selectors.DefaultSelector()
+        sel.register(dummy, selectors.EVENT_READ)
+        while not stop_dummy.is_set():
+            for _ in sel.select(timeout=0.05):
+                try:
+                    while True:
+                        c, _ = dummy.accept()
+                        c.close()
+                except BlockingIOError:
+                    pass
+
+    dt = threading.Thread(target=serve_dummy, daemon=True)
+    dt.start()
+    t = time.monotonic()
+    procs, _ = start_job(a.worker, a.np, a.steps)
+    control = Flood([dummy.getsockname()[1]], a.attempts, a.open)
+    control.thread.start()
+    cwall, controlled = finish_job(procs, t)
+    control.stop = True
+    control.thread.join()
+    stop_dummy.set()
+    dt.join()
     print(f"job alone        : {base:.2f} s collectives, {base_wall:.2f} s wall")
     print(f"job under flood  : {flooded:.2f} s collectives, {wall:.2f} s wall "
           f"({(flooded / base - 1) * 100:+.1f} % collectives, {(wall / base_wall - 1) * 100:+.1f} % wall)")
+    print(f"flood elsewhere  : {controlled:.2f} s collectives, {cwall:.2f} s wall "
+          f"({(controlled / base - 1) * 100:+.1f} % collectives: the machine's share)")
+    print(f"kolo's share     : {(flooded / controlled - 1) * 100:+.1f} % collectives "
+          f"(under flood vs flood elsewhere)")
     print(f"flood            : {flood.made} attempts in {fs:.2f} s ({flood.made / fs:.0f}/s)")
     print(f"closed by server : {flood.server_closed} ({flood.server_closed / fs:.0f}/s), "
           f"{flood.busy} of them before any byte (busy at the cap)")
