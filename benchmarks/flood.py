@@ -63,7 +63,7 @@ def finish_job(procs, started):
     outs = [p.communicate(timeout=300)[0] for p in procs]
     wall = time.monotonic() - started
     for p, out in zip(procs, outs):
-        if p.returncode != 0 or "KOLO_OK" not in out:
+        if p.returncode != 0 or "KOLO_OK rank=" not in out:
             sys.exit("the job failed:\n" + out)
     secs = [float(m) for out in outs for m in re.findall(r"seconds=([0-9.]+)", out)]
     return wall, (max(secs) if secs else wall)

@@ -168,6 +168,7 @@ struct Accepted {
 const std::vector<Accepted> kAccepted = {
     // Free-form by design.
     {"KOLO_HOST_KEY", nullptr, "an opaque name: ranks with equal keys share memory"},
+    {"KOLO_JOB_ID", nullptr, "an opaque name: the same on every rank of a job"},
     {"KOLO_TIMELINE", nullptr,
      "a file path; one that cannot be opened is a ConfigError when the engine starts"},
     {"KOLO_SECRET", "99999999999999999999999", "any string of 8 or more characters is a key"},
