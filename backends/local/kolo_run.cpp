@@ -24,6 +24,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -49,6 +50,7 @@
 #include "kolo/core/deadline.hpp"
 #include "kolo/net/auth.hpp"
 #include "kolo/topology/store.hpp"
+#include "rank_watchdog.hpp"
 
 extern char** environ;
 
@@ -66,6 +68,10 @@ constexpr double kKillAfterTermSeconds = 2.0;
 // A "line" longer than this is emitted in pieces: one rank printing megabytes without a newline
 // must not make kolo-run buffer without bound.
 constexpr std::size_t kMaxLine = 64 * 1024;
+// At the end of a job, how long kolo-run waits for a reader of its stdout/stderr that takes no
+// byte, before it drops the rest: after a normal end, and after --timeout or a signal.
+constexpr double kFlushStallSeconds = 1.0;
+constexpr double kFlushStallTornDown = 0.25;
 
 constexpr const char* kUsage =
     "usage: kolo-run -np N [options] [--] program [args...]\n"
@@ -107,13 +113,115 @@ constexpr const char* kUsage =
 // ---------------------------------------------------------------------------------------------
 // Writing to kolo-run's own stdout/stderr.
 
-// All output, the ranks' and kolo-run's own messages, goes through write_all from the one thread,
-// and every call carries whole lines: that is what keeps lines from interleaving.
+// All output, the ranks' and kolo-run's own messages, goes through an OutStream from the one
+// thread, and every call carries whole lines: that is what keeps lines from interleaving.
+//
+// Writing never blocks the poll loop (a stalled reader must not hold --timeout, the grace
+// period or a signal): once prepare() has run, a pipe or terminal is written through a second
+// open file description of it with O_NONBLOCK (reopened via /proc/self/fd, so the flags of the
+// description kolo-run shares with its shell stay untouched), a socket with MSG_DONTWAIT, and
+// what does not fit waits in a buffer. The buffer is bounded by back-pressure, not by dropping:
+// while a stream holds kOutBuffer bytes or more, kolo-run stops reading the ranks' pipes that
+// feed it, so the ranks block on their own writes, as they would writing to that reader
+// directly. Only at exit, what a reader still has not taken is dropped, with a counted note.
+// Regular files (and anything that cannot be reopened) are written as before, blocking.
+constexpr std::size_t kOutBuffer = 256 * 1024;
+
 class OutStream {
  public:
-  explicit OutStream(int fd) : fd_(fd) {}
+  explicit OutStream(int fd) : fd_(fd), wfd_(fd) {}
+  OutStream(const OutStream&) = delete;
+  OutStream& operator=(const OutStream&) = delete;
+
+  void prepare() {
+    struct stat st {};
+    const int fl = ::fcntl(fd_, F_GETFL);
+    if (fl < 0 || ::fstat(fd_, &st) != 0) return;
+    if (S_ISSOCK(st.st_mode)) {
+      mode_ = Mode::socket;
+    } else if (fl & O_NONBLOCK) {
+      mode_ = Mode::nonblocking;  // inherited that way: use it as it is
+    } else if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
+      const std::string path = "/proc/self/fd/" + std::to_string(fd_);
+      const int n =
+          ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (fl & O_APPEND));
+      if (n >= 0) {
+        wfd_ = n;
+        mode_ = Mode::nonblocking;
+      }
+    }
+  }
 
   void write(std::string_view data) {
+    if (!ok_ || data.empty()) return;
+    if (mode_ == Mode::blocking) {
+      write_blocking(data);
+      return;
+    }
+    if (pending() == 0) {
+      buf_.clear();
+      off_ = 0;
+      data.remove_prefix(put(data));
+      if (!ok_) return;
+    }
+    buf_.append(data);
+  }
+
+  // Writes what the reader takes now; never waits.
+  void flush() {
+    if (pending() == 0) return;
+    off_ += put(std::string_view(buf_).substr(off_));
+    if (off_ == buf_.size()) {
+      buf_.clear();
+      off_ = 0;
+    } else if (off_ > kOutBuffer) {
+      buf_.erase(0, off_);
+      off_ = 0;
+    }
+  }
+
+  std::size_t pending() const { return ok_ ? buf_.size() - off_ : 0; }
+  bool full() const { return pending() >= kOutBuffer; }
+  int poll_fd() const { return wfd_; }
+
+  // At exit: forgets what the reader did not take; returns how many bytes that was.
+  std::size_t drop() {
+    const std::size_t n = pending();
+    buf_.clear();
+    off_ = 0;
+    return n;
+  }
+
+ private:
+  enum class Mode { blocking, nonblocking, socket };
+
+  // One non-blocking attempt (as many writes as the reader takes); returns the bytes written.
+  std::size_t put(std::string_view data) {
+    std::size_t done = 0;
+    while (done < data.size()) {
+      const ssize_t k =
+          mode_ == Mode::socket
+              ? ::send(wfd_, data.data() + done, data.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL)
+              : ::write(wfd_, data.data() + done, data.size() - done);
+      if (k > 0) {
+        done += static_cast<std::size_t>(k);
+      } else if (k < 0 && errno == EINTR) {
+        continue;
+      } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        break;
+      } else {
+        // The reader went away (EPIPE) or the fd is bad: stop writing, but keep supervising
+        // the ranks, which matters more than their output.
+        ok_ = false;
+        buf_.clear();
+        off_ = 0;
+        break;
+      }
+    }
+    return done;
+  }
+
+  void write_blocking(std::string_view data) {
     while (ok_ && !data.empty()) {
       const ssize_t k = ::write(fd_, data.data(), data.size());
       if (k > 0) {
@@ -121,27 +229,85 @@ class OutStream {
       } else if (k < 0 && errno == EINTR) {
         continue;
       } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        // Our stdout may be a non-blocking fd we inherited: wait for room rather than drop.
-        pollfd p{fd_, POLLOUT, 0};
+        pollfd p{fd_, POLLOUT, 0};  // before prepare(): a non-blocking fd we inherited
         ::poll(&p, 1, 1000);
       } else {
-        // The reader went away (EPIPE) or the fd is bad: stop writing, but keep supervising
-        // the ranks, which matters more than their output.
         ok_ = false;
       }
     }
   }
 
- private:
   int fd_;
+  int wfd_;
+  Mode mode_ = Mode::blocking;
   bool ok_ = true;
+  std::string buf_;
+  std::size_t off_ = 0;
 };
 
-OutStream g_stdout(STDOUT_FILENO);
-OutStream g_stderr(STDERR_FILENO);
+OutStream g_stdout_stream(STDOUT_FILENO);
+OutStream g_stderr_stream(STDERR_FILENO);
+OutStream* g_stdout = &g_stdout_stream;
+OutStream* g_stderr = &g_stderr_stream;
+
+// Switches both streams to non-blocking writes; stdout and stderr that are one pipe or
+// terminal (2>&1) become one stream, so their lines stay whole and in order.
+void prepare_output() {
+  struct stat a {
+  }, b{};
+  if (::fstat(STDOUT_FILENO, &a) == 0 && ::fstat(STDERR_FILENO, &b) == 0 && a.st_dev == b.st_dev &&
+      a.st_ino == b.st_ino && !S_ISREG(a.st_mode)) {
+    g_stderr = g_stdout;
+  }
+  g_stdout->prepare();
+  if (g_stderr != g_stdout) g_stderr->prepare();
+}
+
+// Waits (poll, never spinning) until both streams are written out, or until no byte could be
+// written for `stall_s` seconds, or a signal arrives on `sigfd` (when >= 0). Returns whether
+// everything was written.
+bool flush_output(double stall_s, int sigfd) {
+  auto stall = kolo::Deadline::after(stall_s);
+  for (;;) {
+    g_stdout->flush();
+    g_stderr->flush();
+    std::vector<pollfd> fds;
+    for (OutStream* s : {g_stdout, g_stderr}) {
+      if (s->pending() > 0 && (fds.empty() || fds.back().fd != s->poll_fd())) {
+        fds.push_back({s->poll_fd(), POLLOUT, 0});
+      }
+    }
+    if (fds.empty()) return true;
+    if (stall.expired()) return false;
+    if (sigfd >= 0) fds.push_back({sigfd, POLLIN, 0});
+    const std::size_t before = g_stdout->pending() + g_stderr->pending();
+    const int rc = ::poll(fds.data(), fds.size(), stall.remaining_ms() + 1);
+    if (sigfd >= 0 && rc > 0 && fds.back().revents != 0) {
+      // A signal ends the wait (the user is not waiting for the reader either); SIGCHLD, a
+      // watchdog's exit, does not.
+      signalfd_siginfo si;
+      while (::read(sigfd, &si, sizeof(si)) == static_cast<ssize_t>(sizeof(si))) {
+        if (si.ssi_signo != SIGCHLD) return false;
+      }
+    }
+    g_stdout->flush();
+    g_stderr->flush();
+    if (g_stdout->pending() + g_stderr->pending() < before) stall = kolo::Deadline::after(stall_s);
+  }
+}
+
+// After flush_output gave up: drops what is left, with a note on stderr saying how much.
+void drop_output() {
+  const std::size_t out = g_stdout->drop();
+  const std::size_t err = g_stderr == g_stdout ? 0 : g_stderr->drop();
+  if (out + err == 0) return;
+  g_stderr->write("[kolo-run: " + std::to_string(out + err) +
+                  " bytes of output dropped, reader too slow]\n");
+  g_stderr->flush();
+}
 
 void say(const std::string& msg) {
-  g_stderr.write("kolo-run: " + msg + "\n");
+  g_stderr->write("kolo-run: " + msg + "\n");
 }
 
 // Splits one rank stream into lines and re-emits them with the rank prefix.
@@ -164,6 +330,9 @@ class LineRelay {
     if (pending_.size() >= kMaxLine) emit_pending(batch);
     if (!batch.empty()) out_->write(batch);
   }
+
+  // The stream this relay feeds holds as much as kolo-run buffers: read no more for now.
+  bool full() const { return out_->full(); }
 
   // At EOF: a last line without '\n' is still output. With a prefix it gets a '\n' so the next
   // rank's line starts on a line of its own; without one the bytes pass through unchanged.
@@ -719,7 +888,10 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 struct Rank {
   int index = 0;
-  pid_t pid = -1;  // also its process group id (for an ssh rank: of its local ssh client)
+  pid_t pid = -1;        // also its process group id (for an ssh rank: of its local ssh client)
+  pid_t watchdog = -1;   // ranks here: their watchdog (kolo-run's child; rank_watchdog.hpp)
+  int chan_fd = -1;      // ranks here: kolo-run's end of the socket to the watchdog
+  std::string chan_buf;  // ... and what came on it, not yet a whole message
   bool alive = false;
   bool signalled = false;  // kolo-run itself sent it a signal: its death is not "a failure"
   HostKind kind = HostKind::this_machine;
@@ -740,17 +912,20 @@ class Job {
   ~Job() {
     // Reached early only on an error path: nothing may outlive kolo-run.
     for (auto& r : ranks_) {
-      if (r.alive) ::kill(-r.pid, SIGKILL);
+      if (r.alive) kill_group(r, SIGKILL);
       close_fd(r.out_fd);
       close_fd(r.err_fd);
       close_fd(r.ctl_fd);
+      close_fd(r.chan_fd);  // the watchdog ends what is left of the rank
     }
+    wait_watchdogs();
     if (sigfd_ >= 0) ::close(sigfd_);
     if (devnull_ >= 0) ::close(devnull_);
   }
 
   int run() {
     setup_signals();
+    prepare_output();
     resolve_paths();
     start_store();
     prepare_env();
@@ -1027,26 +1202,51 @@ class Job {
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
 
-    int out[2], err[2], status_pipe[2], ctl[2] = {-1, -1};
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
-        ::pipe2(status_pipe, O_CLOEXEC) != 0 || (ssh && ::pipe2(ctl, O_CLOEXEC) != 0)) {
-      throw LaunchError(
-          "cannot create pipes for rank " + std::to_string(r) + ": " + std::strerror(errno),
-          kExitInternal);
+    // Ranks here start through a watchdog (rank_watchdog.hpp) that reports on a socket; ssh
+    // ranks are kolo-run's own children (their remote prologue is their watchdog).
+    int out[2] = {-1, -1}, err[2] = {-1, -1}, status_pipe[2] = {-1, -1}, ctl[2] = {-1, -1};
+    int chan[2] = {-1, -1};
+    auto close_all = [&] {
+      for (int* p : {out, err, status_pipe, ctl, chan}) {
+        close_fd(p[0]);
+        close_fd(p[1]);
+      }
+    };
+    const bool made = ::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0 &&
+                      (ssh ? ::pipe2(status_pipe, O_CLOEXEC) == 0 && ::pipe2(ctl, O_CLOEXEC) == 0
+                           : ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) == 0);
+    if (!made) {
+      const int e = errno;
+      close_all();
+      throw LaunchError("cannot create pipes for rank " + std::to_string(r) + ": " +
+                            std::strerror(e) + " (errno " + std::to_string(e) + ")",
+                        kExitInternal);
     }
     const int in_fd = ssh ? ctl[0] : r == 0 ? rank0_stdin_ : devnull_;
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) {
-      throw LaunchError(
-          "cannot start rank " + std::to_string(r) + ": fork failed: " + std::strerror(errno),
-          kExitInternal);
+      const int e = errno;
+      close_all();
+      throw LaunchError("cannot start rank " + std::to_string(r) + ": fork failed: " +
+                            std::strerror(e) + " (errno " + std::to_string(e) + ")",
+                        kExitInternal);
+    }
+    if (pid == 0 && !ssh) {
+      const kolo_run::WatchdogSpec spec{
+          in_fd,          out[1],
+          err[1],         chan[1],
+          exe.c_str(),    argv.data(),
+          envp.data(),    &orig_mask_,
+          &orig_sigpipe_, static_cast<int>(kKillAfterTermSeconds * 1000)};
+      kolo_run::run_watchdog(spec);
     }
     if (pid == 0) {
       // Own process group: kolo-run signals the rank together with whatever it starts.
       ::setpgid(0, 0);
       // Die with kolo-run, whatever kills it. (The signal follows the death of the forking
-      // *thread*; this is the main thread, which lives as long as kolo-run.)
+      // *thread*; this is the main thread, which lives as long as kolo-run.) The remote side
+      // sees its ssh session end and SIGKILLs the rank's group there.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(kExitInternal);  // kolo-run died before prctl
       auto to = [](int fd, int target) {
@@ -1066,12 +1266,13 @@ class Job {
       [[maybe_unused]] ssize_t k = ::write(status_pipe[1], &e, sizeof(e));
       ::_exit(e == ENOENT ? kExitNotFound : kExitNotExecutable);
     }
-    ::setpgid(pid, pid);  // also from here, so kill(-pid) works whichever runs first
-    ::close(out[1]);
-    ::close(err[1]);
-    ::close(status_pipe[1]);
+    if (ssh) ::setpgid(pid, pid);  // also from here, so kill(-pid) works whichever runs first
+    close_fd(out[1]);
+    close_fd(err[1]);
+    close_fd(status_pipe[1]);
+    close_fd(chan[1]);
     if (ssh) {
-      ::close(ctl[0]);
+      close_fd(ctl[0]);
       // The job line fits in the pipe (at most 60000 bytes of its 64 KiB), so this returns at
       // once whatever ssh does; later control lines are written without blocking.
       std::string_view rest = job;
@@ -1086,53 +1287,120 @@ class Job {
 
     Rank rank;
     rank.index = r;
-    rank.pid = pid;
-    rank.alive = true;
+    rank.pid = ssh ? pid : -1;
+    rank.watchdog = ssh ? -1 : pid;
+    rank.alive = ssh;
     rank.kind = p.kind;
     rank.host = p.host_key;
     rank.out_fd = out[0];
     rank.err_fd = err[0];
     rank.ctl_fd = ctl[1];
+    rank.chan_fd = chan[0];
     rank.starting = ssh;
     const std::string prefix = o_.prefix ? "[" + std::to_string(r) + "] " : std::string();
-    rank.out = std::make_unique<LineRelay>(&g_stdout, prefix);
-    rank.err = std::make_unique<LineRelay>(&g_stderr, prefix);
+    rank.out = std::make_unique<LineRelay>(g_stdout, prefix);
+    rank.err = std::make_unique<LineRelay>(g_stderr, prefix);
     ::fcntl(rank.out_fd, F_SETFL, O_NONBLOCK);
     ::fcntl(rank.err_fd, F_SETFL, O_NONBLOCK);
     ranks_.push_back(std::move(rank));
+    Rank& added = ranks_.back();
 
-    // The status pipe closes on a successful exec (O_CLOEXEC) or carries exec's errno.
+    // ssh: the status pipe closes on a successful exec (O_CLOEXEC) or carries exec's errno.
+    // Here: the watchdog's first message carries the rank's pid and exec's errno.
     int exec_errno = 0;
-    ssize_t k;
-    do {
-      k = ::read(status_pipe[0], &exec_errno, sizeof(exec_errno));
-    } while (k < 0 && errno == EINTR);
-    ::close(status_pipe[0]);
-    if (k == static_cast<ssize_t>(sizeof(exec_errno))) {
+    if (ssh) {
+      ssize_t k;
+      do {
+        k = ::read(status_pipe[0], &exec_errno, sizeof(exec_errno));
+      } while (k < 0 && errno == EINTR);
+      close_fd(status_pipe[0]);
+      if (k != static_cast<ssize_t>(sizeof(exec_errno))) exec_errno = 0;
+    } else {
+      kolo_run::WatchdogMsg m{};
+      std::size_t got = 0;
+      while (got < sizeof(m)) {
+        const ssize_t k = ::read(added.chan_fd, reinterpret_cast<char*>(&m) + got, sizeof(m) - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        got += static_cast<std::size_t>(k);
+      }
+      if (got < sizeof(m) || m.kind != kolo_run::kMsgStarted) {
+        throw LaunchError("cannot start rank " + std::to_string(r) +
+                              ": its watchdog process ended before starting it",
+                          kExitInternal);
+      }
+      if (m.a <= 0) {
+        throw LaunchError("cannot start rank " + std::to_string(r) + ": fork failed: " +
+                              std::strerror(m.b) + " (errno " + std::to_string(m.b) + ")",
+                          kExitInternal);
+      }
+      added.pid = m.a;
+      added.alive = true;
+      exec_errno = m.b;
+      ::fcntl(added.chan_fd, F_SETFL, O_NONBLOCK);
+    }
+    if (exec_errno != 0) {
       throw LaunchError("cannot execute '" + exe + "' for rank " + std::to_string(r) + ": " +
                             std::strerror(exec_errno),
                         exec_errno == ENOENT ? kExitNotFound : kExitNotExecutable);
     }
   }
 
+  void kill_group(const Rank& r, int sig) {
+    if (r.pid > 0) ::kill(-r.pid, sig);  // ESRCH is fine: the group is already empty
+  }
+
+  // Waits for the watchdogs: each exits once its rank's tree is gone (at most
+  // kKillAfterTermSeconds after its socket closed, plus SIGKILL's moment).
+  void wait_watchdogs() {
+    for (auto& r : ranks_) {
+      close_fd(r.chan_fd);
+      if (r.watchdog > 0) {
+        while (::waitpid(r.watchdog, nullptr, 0) < 0 && errno == EINTR) {
+        }
+        r.watchdog = -1;
+      }
+    }
+  }
+
   // --- the poll loop --------------------------------------------------------------------------
 
   void loop() {
+    // What each pollfd after the signalfd is: a rank's stdout/stderr pipe, a watchdog's socket,
+    // or one of kolo-run's own output streams waiting to take more.
+    enum class Src { out, err, chan, stream };
+    struct Owner {
+      Rank* rank;
+      Src src;
+      OutStream* stream;
+    };
     std::vector<pollfd> fds;
-    std::vector<std::pair<Rank*, bool>> owners;  // per fds entry after the signalfd: rank, is_err
+    std::vector<Owner> owners;
     while (!unspawned_.empty() ||
            std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.alive; })) {
       fds.clear();
       owners.clear();
       fds.push_back({sigfd_, POLLIN, 0});
       for (auto& r : ranks_) {
-        if (r.out_fd >= 0) {
+        // A stream that holds kOutBuffer bytes is not fed more: its ranks wait (back-pressure),
+        // kolo-run does not.
+        if (r.out_fd >= 0 && !r.out->full()) {
           fds.push_back({r.out_fd, POLLIN, 0});
-          owners.emplace_back(&r, false);
+          owners.push_back({&r, Src::out, nullptr});
         }
-        if (r.err_fd >= 0) {
+        if (r.err_fd >= 0 && !r.err->full()) {
           fds.push_back({r.err_fd, POLLIN, 0});
-          owners.emplace_back(&r, true);
+          owners.push_back({&r, Src::err, nullptr});
+        }
+        if (r.chan_fd >= 0) {
+          fds.push_back({r.chan_fd, POLLIN, 0});
+          owners.push_back({&r, Src::chan, nullptr});
+        }
+      }
+      for (OutStream* s : {g_stdout, g_stderr}) {
+        if (s->pending() > 0 && !(s == g_stderr && g_stderr == g_stdout)) {
+          fds.push_back({s->poll_fd(), POLLOUT, 0});
+          owners.push_back({nullptr, Src::stream, s});
         }
       }
       const int rc = ::poll(fds.data(), fds.size(), next_timeout_ms());
@@ -1141,7 +1409,13 @@ class Job {
       }
       if (rc > 0) {
         for (std::size_t i = 1; i < fds.size(); ++i) {
-          if (fds[i].revents != 0) read_some(*owners[i - 1].first, owners[i - 1].second, 1);
+          if (fds[i].revents == 0) continue;
+          const Owner& o = owners[i - 1];
+          if (o.src == Src::stream) {
+            o.stream->flush();
+          } else if (o.src != Src::chan) {  // the sockets are read by reap()
+            read_some(*o.rank, o.src == Src::err, 1);
+          }
         }
         if (fds[0].revents != 0) handle_signals();
       }
@@ -1150,30 +1424,54 @@ class Job {
       spawn_ready();
     }
     // Every rank is gone: what they wrote is already in the pipes. Anything a leftover
-    // grandchild writes later is not waited for (it could hold the pipe open for ever).
+    // grandchild writes later is not waited for (it could hold the pipe open for ever), nor a
+    // reader that takes nothing for kFlushStallSeconds (then the rest is dropped, counted).
+    const double stall = timed_out_ || interrupt_signal_ ? kFlushStallTornDown : kFlushStallSeconds;
+    bool gave_up = false;
+    for (int round = 0; round < 256 && !gave_up; ++round) {
+      bool read_any = false;
+      bool blocked = false;
+      for (auto& r : ranks_) {
+        for (const bool is_err : {false, true}) {
+          if ((is_err ? r.err_fd : r.out_fd) < 0) continue;
+          if ((is_err ? r.err : r.out)->full()) {
+            blocked = true;
+          } else {
+            read_any = read_some(r, is_err, 1) > 0 || read_any;
+          }
+        }
+      }
+      if (!read_any && !blocked) break;
+      if (blocked) gave_up = !flush_output(stall, sigfd_);
+    }
     for (auto& r : ranks_) {
-      drain(r);
       r.out->finish();
       r.err->finish();
       close_fd(r.out_fd);
       close_fd(r.err_fd);
       close_fd(r.ctl_fd);
     }
+    if (!flush_output(gave_up ? 0.0 : stall, sigfd_)) drop_output();
     if (phase_ != Phase::running) {
       // A torn-down job leaves nothing behind: the groups may still hold helpers the ranks
       // started.
-      for (auto& r : ranks_) ::kill(-r.pid, SIGKILL);
+      for (auto& r : ranks_) kill_group(r, SIGKILL);
     }
+    // The watchdogs release what the ranks left (SIGTERM, then SIGKILL) and exit.
+    wait_watchdogs();
   }
 
-  // Reads up to `max_reads` chunks from one of a rank's pipes; returns false at EOF/error.
-  bool read_some(Rank& r, bool is_err, int max_reads) {
+  // Reads up to `max_reads` chunks from one of a rank's pipes, fewer once the stream it feeds
+  // is full; returns how many it read.
+  int read_some(Rank& r, bool is_err, int max_reads) {
     int& fd = is_err ? r.err_fd : r.out_fd;
     LineRelay& relay = is_err ? *r.err : *r.out;
     char buf[65536];
-    for (int n = 0; fd >= 0 && n < max_reads; ++n) {
+    int got = 0;
+    for (int n = 0; fd >= 0 && n < max_reads && !relay.full(); ++n) {
       const ssize_t k = ::read(fd, buf, sizeof(buf));
       if (k > 0) {
+        ++got;
         if (!is_err && r.starting) {
           feed_before_start(r, buf, static_cast<std::size_t>(k));
         } else {
@@ -1182,7 +1480,7 @@ class Job {
         continue;
       }
       if (k < 0 && errno == EINTR) continue;
-      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return got;
       if (!is_err && r.starting) {  // the session ended before the prologue spoke
         r.starting = false;
         relay.feed(r.before_start.data(), r.before_start.size());
@@ -1190,9 +1488,9 @@ class Job {
       }
       relay.finish();  // EOF (or a broken pipe): flush a partial last line
       close_fd(fd);
-      return false;
+      return got;
     }
-    return fd >= 0;
+    return got;
   }
 
   // An ssh rank's stdout until the prologue's marker line: lines before it (a login script's)
@@ -1313,14 +1611,54 @@ class Job {
 
   template <class Failures>
   void reap_pass(Failures& failures) {
+    for (auto& r : ranks_) read_chan(r, failures);
     for (;;) {
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid <= 0) return;
-      auto it = std::find_if(ranks_.begin(), ranks_.end(),
-                             [&](const Rank& r) { return r.pid == pid && r.alive; });
-      if (it == ranks_.end()) continue;
-      Rank& r = *it;
+      for (auto& r : ranks_) {
+        if (r.watchdog == pid) {
+          r.watchdog = -1;
+          read_chan(r, failures);  // its last message may still wait in the socket
+          close_fd(r.chan_fd);
+          if (r.alive) {
+            // The watchdog itself was killed: its rank dies with it (PR_SET_PDEATHSIG), and
+            // the watchdog's own death is the closest account of the rank's.
+            kill_group(r, SIGKILL);
+            rank_exited(r, status, failures);
+          }
+        } else if (r.kind == HostKind::ssh && r.pid == pid && r.alive) {
+          rank_exited(r, status, failures);
+        }
+      }
+    }
+  }
+
+  // The watchdog's messages: the rank's exit status (its start was read by spawn()).
+  template <class Failures>
+  void read_chan(Rank& r, Failures& failures) {
+    char buf[256];
+    while (r.chan_fd >= 0) {
+      const ssize_t k = ::recv(r.chan_fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (k > 0) {
+        r.chan_buf.append(buf, static_cast<std::size_t>(k));
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) close_fd(r.chan_fd);
+      break;
+    }
+    while (r.chan_buf.size() >= sizeof(kolo_run::WatchdogMsg)) {
+      kolo_run::WatchdogMsg m{};
+      std::memcpy(&m, r.chan_buf.data(), sizeof(m));
+      r.chan_buf.erase(0, sizeof(m));
+      if (m.kind == kolo_run::kMsgExited && r.alive) rank_exited(r, m.a, failures);
+    }
+  }
+
+  template <class Failures>
+  void rank_exited(Rank& r, int status, Failures& failures) {
+    {
       r.alive = false;
       close_fd(r.ctl_fd);
       // The rank's last words (e.g. its exception) come before kolo-run's verdict on it.
@@ -1348,7 +1686,7 @@ class Job {
         if (ssh) how = "lost: its ssh client was " + how;
         by_signal = true;
       }
-      if (code == 0 || r.signalled) continue;  // success, or the death kolo-run asked for
+      if (code == 0 || r.signalled) return;  // success, or the death kolo-run asked for
       say("rank " + std::to_string(r.index) + (ssh ? " on " + r.host : std::string()) + " " + how);
       failures.push_back({code, r.index, by_signal});
     }
@@ -1369,7 +1707,7 @@ class Job {
       if (r.kind == HostKind::ssh) {
         signal_remote(r, sig);
       } else {
-        ::kill(-r.pid, sig);  // ESRCH is fine: the group is already empty
+        kill_group(r, sig);
       }
       if (r.alive) {
         r.signalled = true;
@@ -1481,22 +1819,28 @@ int main(int argc, char** argv) {
   try {
     opts = parse_args(argc, argv);
   } catch (const UsageError& e) {
-    g_stderr.write(std::string("kolo-run: ") + e.what() + "\n\n" + kUsage);
+    g_stderr->write(std::string("kolo-run: ") + e.what() + "\n\n" + kUsage);
     return kExitUsage;
   }
   if (opts.help) {
-    g_stdout.write(kUsage);
+    g_stdout->write(kUsage);
     return 0;
   }
   try {
     auto plan = plan_ranks(opts);
-    Job job(std::move(opts), std::move(plan));
-    return job.run();
+    int code = 0;
+    {
+      Job job(std::move(opts), std::move(plan));
+      code = job.run();
+    }
+    return code;
   } catch (const LaunchError& e) {
     say(e.what());
+    if (!flush_output(kFlushStallSeconds, -1)) drop_output();
     return e.code();
   } catch (const std::exception& e) {
     say(std::string("internal error: ") + e.what());
+    if (!flush_output(kFlushStallSeconds, -1)) drop_output();
     return kExitInternal;
   }
 }

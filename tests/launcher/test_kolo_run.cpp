@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,11 +48,18 @@ struct Result {
   double seconds = 0;
 };
 
+// How a KoloRun starts besides its arguments.
+struct StartOptions {
+  bool stall_stdout = false;  // kolo-run's stdout is a pipe this test never reads
+  int max_fds = 0;            // > 0: kolo-run's RLIMIT_NOFILE
+};
+
 // One kolo-run process with its stdout and stderr captured.
 class KoloRun {
  public:
   explicit KoloRun(const std::vector<std::string>& args,
-                   const std::vector<std::string>& extra_env = {}) {
+                   const std::vector<std::string>& extra_env = {}, StartOptions start = {})
+      : stall_stdout_(start.stall_stdout) {
     std::vector<std::string> all = {KOLO_RUN_EXE};
     all.insert(all.end(), args.begin(), args.end());
     std::vector<char*> argv;
@@ -72,6 +80,10 @@ class KoloRun {
     pid_ = ::fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
+      if (start.max_fds > 0) {
+        const rlimit lim{static_cast<rlim_t>(start.max_fds), static_cast<rlim_t>(start.max_fds)};
+        ::setrlimit(RLIMIT_NOFILE, &lim);
+      }
       ::dup2(devnull, 0);
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
@@ -96,13 +108,14 @@ class KoloRun {
 
   pid_t pid() const { return pid_; }
   const std::string& out() const { return out_; }
+  const std::string& err() const { return err_; }
 
   // Reads output until `done()` holds, both pipes close, or `limit` seconds pass.
   bool read_until(const std::function<bool()>& done, double limit) {
     const auto until = Clock::now() + std::chrono::duration<double>(limit);
     while (!done()) {
       std::vector<pollfd> fds;
-      if (out_fd_ >= 0) fds.push_back({out_fd_, POLLIN, 0});
+      if (out_fd_ >= 0 && !stall_stdout_) fds.push_back({out_fd_, POLLIN, 0});
       if (err_fd_ >= 0) fds.push_back({err_fd_, POLLIN, 0});
       if (fds.empty()) return done();
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
@@ -126,7 +139,8 @@ class KoloRun {
 
   // Waits for kolo-run to finish (at most `limit` seconds: then it is killed and the test fails).
   Result finish(double limit = 20) {
-    const bool closed = read_until([] { return false; }, limit) || (out_fd_ < 0 && err_fd_ < 0);
+    const bool closed =
+        read_until([] { return false; }, limit) || ((out_fd_ < 0 || stall_stdout_) && err_fd_ < 0);
     CHECK_MESSAGE(closed, "kolo-run did not finish within ", limit, " s");
     if (!closed) ::kill(pid_, SIGKILL);
     int status = 0;
@@ -141,6 +155,7 @@ class KoloRun {
   }
 
  private:
+  bool stall_stdout_ = false;
   pid_t pid_ = -1;
   int out_fd_ = -1;
   int err_fd_ = -1;
@@ -688,4 +703,136 @@ TEST_CASE("ranks on a network-namespace host run inside it") {
   CHECK(no_store_host.code == 2);
   CHECK(contains(no_store_host.err, "host " + ns + " is a network namespace"));
   CHECK(contains(no_store_host.err, "--store-host ADDR"));
+}
+
+// Issue 53, items 3 and 4: every process of a job is released on every path (kolo-run's ranks
+// start through a watchdog, backends/local/rank_watchdog.hpp), and kolo-run's poll loop never
+// waits for a reader of its output.
+namespace {
+
+// A word no other process has in its command line: kolo-run and its watchdogs (forks of it),
+// the ranks and what they fork all carry it.
+std::string job_marker(const char* what) {
+  return std::string("kolo-job-") + what + "-" + std::to_string(::getpid());
+}
+
+// Seconds until no live process has `marker` in its command line (a zombie's is empty), or -1
+// after `limit`; then the leftovers are SIGKILLed, so a failing test leaves nothing either.
+double seconds_until_gone(const std::string& marker, double limit) {
+  const auto start = Clock::now();
+  while (seconds_since(start) < limit) {
+    if (cmdlines_with(marker).empty()) return seconds_since(start);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (const auto& line : cmdlines_with(marker)) {
+    MESSAGE("left behind: " << line);
+    ::kill(std::stoi(line.substr(0, line.find(':'))), SIGKILL);
+  }
+  return -1;
+}
+
+// The pid in "[RANK] sleeper PID", or -1.
+pid_t sleeper_of(const std::string& out, int rank) {
+  const std::string key = "[" + std::to_string(rank) + "] sleeper ";
+  const auto at = out.find(key);
+  return at == std::string::npos ? -1 : std::stoi(out.substr(at + key.size()));
+}
+
+}  // namespace
+
+TEST_CASE("a SIGKILLed kolo-run leaves no process of the job behind") {
+  const std::string marker = job_marker("sigkill");
+  KoloRun k({"-np", "2", kProbe, "spawn-sleeper", "30", "line", marker, "sleep", "30"});
+  REQUIRE(k.read_until(
+      [&] {
+        return contains(k.out(), "[0] " + marker + "\n") &&
+               contains(k.out(), "[1] " + marker + "\n");
+      },
+      10));
+  // kolo-run, 2 watchdogs, 2 ranks, 2 sleepers.
+  CHECK(cmdlines_with(marker).size() == 7);
+  ::kill(k.pid(), SIGKILL);
+  const auto killed = Clock::now();
+  const Result r = k.finish(5);
+  CHECK(r.code == 128 + SIGKILL);
+  // The watchdogs see kolo-run's end and SIGTERM the ranks' trees: gone within a third of the
+  // default 3 s grace.
+  const double gone = seconds_until_gone(marker, 1.0);
+  MESSAGE("the job was gone " << seconds_since(killed) << " s after kolo-run's SIGKILL");
+  CHECK(gone >= 0);
+}
+
+TEST_CASE("a rank killed by SIGKILL takes what it started with it, at once") {
+  const std::string marker = job_marker("rank-kill");
+  KoloRun k({"-np", "2", "--grace", "10", kProbe, "line", marker, "spawn-sleeper", "30",
+             "kill-if-rank", "0", "9", "sleep", "2"});
+  const std::string verdict = "kolo-run: rank 0 killed by signal 9 (SIGKILL)\n";
+  REQUIRE(
+      k.read_until([&] { return contains(k.err(), verdict) && sleeper_of(k.out(), 0) > 0; }, 10));
+  const pid_t orphan = sleeper_of(k.out(), 0);
+  const auto seen = Clock::now();
+  bool gone = false;
+  while (!gone && seconds_since(seen) < 1.0) {  // a tenth of the 10 s grace
+    gone = process_gone(orphan);
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK_MESSAGE(gone, "rank 0's child ", orphan, " outlived rank 0 by more than 1 s");
+  if (!gone) ::kill(orphan, SIGKILL);
+  const Result r = k.finish();
+  INFO("stdout:\n" << r.out << "stderr:\n" << r.err);
+  CHECK(r.code == 128 + SIGKILL);
+  CHECK(r.seconds < 10.0 / 2);  // rank 1 ended by itself after 2 s, long before the grace
+  // Rank 1 succeeded; its child went with it, before kolo-run exited.
+  const pid_t helper = sleeper_of(r.out, 1);
+  CHECK(helper > 0);
+  CHECK(process_gone(helper));
+  CHECK(seconds_until_gone(marker, 0.5) >= 0);
+}
+
+TEST_CASE("--timeout acts on time while kolo-run's reader takes nothing") {
+  const std::string marker = job_marker("timeout-stall");
+  KoloRun k({"-np", "2", "--timeout", "2", kProbe, "line", marker, "spam", "1000000000", "100"}, {},
+            StartOptions{true, 0});
+  const Result r = k.finish(5);
+  INFO("stderr:\n" << r.err);
+  CHECK(r.code == 124);
+  MESSAGE("kolo-run --timeout 2 with a stalled reader exited after " << r.seconds << " s");
+  CHECK(r.seconds < 2 + 1.0);  // the timeout plus half of it
+  CHECK(contains(r.err, "kolo-run: job exceeded --timeout 2 seconds; killing all ranks\n"));
+  CHECK(contains(r.err, " bytes of output dropped, reader too slow]\n"));
+  CHECK(seconds_until_gone(marker, 0.5) >= 0);
+}
+
+TEST_CASE("SIGTERM acts on time while kolo-run's reader takes nothing") {
+  const std::string marker = job_marker("sigterm-stall");
+  KoloRun k({"-np", "2", "--grace", "10", kProbe, "line", marker, "spam", "1000000000", "100"}, {},
+            StartOptions{true, 0});
+  // Until the ranks run and kolo-run's stdout pipe is full (the spam fills it in milliseconds).
+  const auto start = Clock::now();
+  while (cmdlines_with(marker).size() < 3 && seconds_since(start) < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(cmdlines_with(marker).size() >= 3);  // kolo-run and its 2 ranks (at least)
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(k.pid(), SIGTERM);
+  const auto sent = Clock::now();
+  const Result r = k.finish(5);
+  INFO("stderr:\n" << r.err);
+  CHECK(r.code == 128 + SIGTERM);
+  CHECK(contains(r.err, "kolo-run: received SIGTERM; forwarding it to all ranks\n"));
+  MESSAGE("kolo-run exited " << seconds_since(sent) << " s after SIGTERM, reader stalled");
+  CHECK(seconds_since(sent) < 10.0 / 4);  // the ranks died of the SIGTERM, not of the escalation
+  CHECK(seconds_until_gone(marker, 0.5) >= 0);
+}
+
+TEST_CASE("no descriptors left for a rank's pipes: a clear error naming errno, nothing left") {
+  const std::string marker = job_marker("emfile");
+  KoloRun k({"-np", "32", kProbe, "line", marker, "sleep", "20"}, {}, StartOptions{false, 48});
+  const Result r = k.finish(10);
+  INFO("stdout:\n" << r.out << "stderr:\n" << r.err);
+  CHECK(r.code == 1);
+  CHECK(contains(r.err, ": Too many open files (errno 24)\n"));
+  CHECK(contains(r.err, "kolo-run: cannot create pipes for rank "));
+  CHECK(r.seconds < 3);
+  CHECK(seconds_until_gone(marker, 0.5) >= 0);
 }
