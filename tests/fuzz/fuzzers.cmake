@@ -2,8 +2,9 @@
 # project's own compiler is clang, and by tests/fuzz/standalone (the clang sub-build) otherwise.
 #
 #   kolo_add_fuzzers(<kolo include dir> <extra link libraries...>)
-# defines kolo_fuzz_env, kolo_fuzz_store and kolo_fuzz_mesh_frames in the current directory.
-set(KOLO_FUZZ_NAMES env store mesh_frames)
+# defines kolo_fuzz_env, kolo_fuzz_store, kolo_fuzz_mesh_frames and kolo_fuzz_shm_slots in the
+# current directory.
+set(KOLO_FUZZ_NAMES env store mesh_frames shm_slots)
 set(_KOLO_FUZZ_DIR ${CMAKE_CURRENT_LIST_DIR})
 
 function(kolo_add_fuzzers include_dir)

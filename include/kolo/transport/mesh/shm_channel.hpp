@@ -253,12 +253,12 @@ class ShmSegment {
               std::size_t self = ~std::size_t{0}) {
     const bool hole = self < local_ranks;
     geometry_ = g;
-    const std::string what = "rank " + std::to_string(rank) + "'s shared-memory segment (" +
-                             std::to_string(local_ranks - 1) + " rings of " +
-                             std::to_string(g.slots) + " slots of " + std::to_string(g.slot_bytes) +
-                             " bytes; the host's " + std::to_string(local_ranks) + " ranks need " +
-                             std::to_string(local_ranks * g.reserved_bytes(local_ranks)) +
-                             " bytes in all)";
+    const std::string what =
+        "rank " + std::to_string(rank) + "'s shared-memory segment (" +
+        std::to_string(local_ranks - 1) + (local_ranks == 2 ? " ring of " : " rings of ") +
+        std::to_string(g.slots) + " slots of " + std::to_string(g.slot_bytes) +
+        " bytes; the host's " + std::to_string(local_ranks) + " ranks need " +
+        std::to_string(local_ranks * g.reserved_bytes(local_ranks)) + " bytes in all)";
     mapping_ = map_shm_segment(shm_segment_name(token, rank), g.segment_bytes(local_ranks), true,
                                what, hole ? kShmControlBytes + self * g.ring_bytes() : 0,
                                hole ? g.ring_bytes() : 0);
