@@ -267,6 +267,18 @@ class AcceptGate {
     ++refused_;
     return Admit::refuse;
   }
+  // Out of descriptors (accept() just paused) with handshakes in progress, the oldest since
+  // `oldest`: true if that one may be closed to free a descriptor (it has had
+  // kEvictableAfterSeconds); the pause is lifted then.
+  bool reclaim(std::size_t pending, Clock::time_point oldest) {
+    if (!paused() || pending == 0 ||
+        Clock::now() - oldest < std::chrono::duration<double>(kEvictableAfterSeconds)) {
+      return false;
+    }
+    paused_until_ = {};
+    ++evicted_;
+    return true;
+  }
   std::uint64_t evicted() const { return evicted_; }
   std::uint64_t refused() const { return refused_; }
 

@@ -499,9 +499,14 @@ class StoreServer {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         // Out of descriptors or memory: the listener stays readable, so back off instead of
         // spinning on it; existing clients keep being served.
+        const int err = errno;
         if (debug_) {
           std::fprintf(stderr, "kolo: %s cannot accept: %s (pausing 100 ms)\n", name_.c_str(),
-                       net::errno_text(errno).c_str());
+                       net::errno_text(err).c_str());
+        }
+        // A stranger's descriptor is worth less than a newcomer's: free the oldest one's.
+        if ((err == EMFILE || err == ENFILE) && evict_oldest_handshake() == Evict::done) {
+          return;  // reaped at the top of the next turn, then accepted
         }
         accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
         return;
@@ -545,20 +550,35 @@ class StoreServer {
       });
     }
     if (handshaking_ < std::max<std::size_t>(options_.max_pending_handshakes, 1)) return true;
+    if (evict_oldest_handshake() == Evict::too_young) {
+      refused_.fetch_add(1);
+      return false;
+    }
+    return true;
+  }
+
+  // Closes the oldest handshake in progress if it has had kEvictableAfterSeconds (counted).
+  // Also used when descriptors run out: the closed one's is free after the next reap().
+  enum class Evict { done, too_young, none };
+  Evict evict_oldest_handshake() {
+    while (!handshake_order_.empty()) {  // forget finished ones at the front
+      const Conn* c = find(handshake_order_.front());
+      if (c && c->handshake) break;
+      handshake_order_.pop_front();
+    }
     Conn* oldest = handshake_order_.empty() ? nullptr : find(handshake_order_.front());
-    if (!oldest || !oldest->timer) return true;
+    if (!oldest || !oldest->timer) return Evict::none;
     const auto started =
         *oldest->timer - std::chrono::duration_cast<Clock::duration>(
                              std::chrono::duration<double>(options_.auth_timeout_seconds));
     if (Clock::now() - started < std::chrono::duration<double>(net::kEvictableAfterSeconds)) {
-      refused_.fetch_add(1);
-      return false;
+      return Evict::too_young;
     }
     handshake_order_.pop_front();
     evicted_.fetch_add(1);
     drop(*oldest, "closed unauthenticated to make room: " + std::to_string(handshaking_) +
-                      " handshakes in progress (the cap)");
-    return true;
+                      " handshakes in progress");
+    return Evict::done;
   }
 
   void on_events(Id id, short revents) {
