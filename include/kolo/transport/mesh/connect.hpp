@@ -30,12 +30,16 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
+#include "kolo/core/config.hpp"
 #include "kolo/core/deadline.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/net/auth.hpp"
@@ -100,6 +104,7 @@ class MeshConnector {
         frame_bytes_(frame_bytes) {}
 
   MeshLinks connect(const std::vector<Route>& routes) {
+    routes_ = routes;
     MeshLinks links;
     links.peers.resize(static_cast<std::size_t>(size_));
     bool need_tcp = false, need_shm = false;
@@ -124,6 +129,13 @@ class MeshConnector {
       my_addr = boot_.advertised_ip() + ":" + std::to_string(net::local_port(listener.fd()));
     }
     const std::string token = boot_.job_token();
+    // This rank's geometry, for its local peers to compare (check_geometry); set before the
+    // allgather, so that it is there once every rank's "mesh" entry is.
+    if (need_shm) {
+      boot_.store()->set(
+          boot_.prefix() + "shm-geometry/" + std::to_string(rank_),
+          std::to_string(geometry_.slots) + " " + std::to_string(geometry_.slot_bytes));
+    }
     const auto infos = boot_.allgather("mesh", std::to_string(::getpid()) + "|" + my_addr);
     for (int p = 0; p < size_; ++p) {
       const std::string& info = infos[static_cast<std::size_t>(p)];
@@ -136,12 +148,46 @@ class MeshConnector {
     // From the first name this rank creates until the names are removed below, a failure of
     // set-up (a peer that never connects, a bad address, a stranger) removes them here: the
     // peers that mapped them keep their mappings, and nothing is left in /dev/shm.
+    // A rank whose shared memory fails (the local ranks' geometries differ, /dev/shm is too
+    // small, a peer's segment has another size) still enters the next barrier, having posted
+    // its error, and every rank that passes the barrier raises it too: an error on every rank
+    // at once, not a timeout on the others.
+    std::exception_ptr failed;
+    const auto note_failure = [&](const Error& e) {
+      failed = std::current_exception();
+      const char kind = e.kind() == ErrorKind::config ? 'C' : 'E';
+      boot_.store()->set(boot_.prefix() + "shm-failed",
+                         std::string(1, kind) + "rank " + std::to_string(rank_) + ": " + e.what());
+    };
+    const auto raise_failure = [&] {
+      if (failed) std::rethrow_exception(failed);
+      if (auto f = boot_.store()->try_get(boot_.prefix() + "shm-failed"); f && !f->empty()) {
+        const std::string why = "shared-memory set-up failed on " + f->substr(1);
+        if ((*f)[0] == 'C') throw ConfigError(why);
+        throw Error(why);
+      }
+    };
     try {
-      if (need_shm) local_index = create_shm(token, links);
+      if (need_shm) {
+        try {
+          check_geometry();
+          local_index = create_shm(token, links);
+        } catch (const Error& e) {
+          note_failure(e);
+        }
+      }
       boot_.barrier("shm-created");
-      if (need_shm) map_peers_shm(token, links, local_index);
+      raise_failure();
+      if (need_shm) {
+        try {
+          map_peers_shm(token, links, local_index);
+        } catch (const Error& e) {
+          note_failure(e);
+        }
+      }
       if (need_tcp) connect_tcp(std::move(listener), infos, links, dl);
       boot_.barrier("mesh-ready");
+      raise_failure();
     } catch (...) {
       if (need_shm) ShmSegment::unlink_names(token, rank_);
       throw;
@@ -154,6 +200,45 @@ class MeshConnector {
  private:
   static constexpr std::size_t kNotLocal = ~std::size_t{0};
 
+  // Every local rank (this one and its shared-memory peers) must have the same geometry: their
+  // rings lie in each other's segments. The first difference, in rank order, is a ConfigError
+  // naming the variable and both values; every local rank finds the same one. A peer that
+  // published no geometry (a rank played by hand in a test) is not compared.
+  void check_geometry() {
+    struct Seen {
+      int rank;
+      std::size_t slots, slot_bytes;
+    };
+    std::optional<Seen> first;
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_ && routes_[static_cast<std::size_t>(p)] != Route::shm) continue;
+      Seen s{p, geometry_.slots, geometry_.slot_bytes};
+      if (p != rank_) {
+        const auto v = boot_.store()->try_get(boot_.prefix() + "shm-geometry/" + std::to_string(p));
+        unsigned long long k = 0, b = 0;
+        if (!v || std::sscanf(v->c_str(), "%llu %llu", &k, &b) != 2) continue;
+        s.slots = static_cast<std::size_t>(k);
+        s.slot_bytes = static_cast<std::size_t>(b);
+      }
+      if (!first) {
+        first = s;
+        continue;
+      }
+      const auto differ = [&](std::string_view name, std::size_t a, std::size_t b) {
+        if (a == b) return;
+        const std::string var(name);
+        throw ConfigError(
+            "the ranks of this host disagree on their shared-memory geometry: " + var + "=" +
+            std::to_string(a) + " on rank " + std::to_string(first->rank) + " but " + var + "=" +
+            std::to_string(b) + " on rank " + std::to_string(p) +
+            " (every rank of a host needs the same KOLO_SHM_SLOTS and "
+            "KOLO_SHM_SLOT_BYTES)");
+      };
+      differ(config::vars::shm_slots.name, first->slots, s.slots);
+      differ(config::vars::shm_slot_bytes.name, first->slot_bytes, s.slot_bytes);
+    }
+  }
+
   // The local ranks (this one included) get indices 0.. in rank order: their rings' positions.
   std::vector<std::size_t> create_shm(const std::string& token, MeshLinks& links) {
     std::vector<std::size_t> local_index(static_cast<std::size_t>(size_), kNotLocal);
@@ -162,7 +247,9 @@ class MeshConnector {
         local_index[static_cast<std::size_t>(p)] = links.local_ranks++;
       }
     }
-    links.own.create(token, rank_, links.local_ranks, geometry_);
+    geometry_ = fit_shm_geometry(geometry_, links.local_ranks);
+    links.own.create(token, rank_, links.local_ranks, geometry_,
+                     local_index[static_cast<std::size_t>(rank_)]);
     return local_index;
   }
 
@@ -324,6 +411,7 @@ class MeshConnector {
   int size_;
   double timeout_;
   ShmGeometry geometry_;
+  std::vector<Route> routes_;
   std::size_t frame_bytes_;
   std::atomic<bool> stop_accepting_{false};
 };
