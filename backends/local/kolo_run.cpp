@@ -412,12 +412,14 @@ std::optional<double> parse_seconds(const std::string& s) {
 
 // The variables kolo-run sets per rank (they replace inherited ones), and those it drops
 // because they describe the job kolo-run itself may be part of (a stale fd number, another
-// job's peers) and would mislead the ranks.
+// job's peers, another job's KOLO_JOB_ID, which would bind the ranks' store handshake to a job
+// kolo-run's store is not: its fresh per-job secret already keeps jobs apart) and would mislead
+// the ranks.
 const std::set<std::string>& contract_variables() {
   static const std::set<std::string> names = {
       "KOLO_RANK",       "KOLO_SIZE",       "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE",
       "KOLO_CROSS_RANK", "KOLO_CROSS_SIZE", "KOLO_STORE",      "KOLO_SECRET",
-      "KOLO_HOST_KEY",   "KOLO_PEERS",      "KOLO_LISTEN_FD"};
+      "KOLO_HOST_KEY",   "KOLO_PEERS",      "KOLO_LISTEN_FD",  "KOLO_JOB_ID"};
   return names;
 }
 

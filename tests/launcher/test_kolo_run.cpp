@@ -227,9 +227,11 @@ const std::string kProbe = KOLO_PROBE_EXE;
 }  // namespace
 
 TEST_CASE("every rank gets the environment contract and a working store") {
-  // Stale variables from an enclosing job must not leak into the ranks.
-  const Result r = run({"-np", "4", kProbe, "env", "store"},
-                       {"KOLO_RANK=9", "KOLO_SECRET=stale-secret", "KOLO_PEERS=1.2.3.4:5"});
+  // Stale variables from an enclosing job must not leak into the ranks. An inherited
+  // KOLO_JOB_ID would bind the ranks' store handshake to another job than kolo-run's store.
+  const Result r = run({"-np", "4", kProbe, "env", "getenv", "KOLO_JOB_ID", "store"},
+                       {"KOLO_RANK=9", "KOLO_SECRET=stale-secret", "KOLO_PEERS=1.2.3.4:5",
+                        "KOLO_JOB_ID=an-enclosing-job"});
   INFO("stdout:\n" << r.out << "stderr:\n" << r.err);
   REQUIRE(r.code == 0);
   const auto ranks = probe_lines(r.out);
@@ -252,6 +254,7 @@ TEST_CASE("every rank gets the environment contract and a working store") {
     CHECK(v.at("KOLO_STORE") == store);
     CHECK(v.at("KOLO_SECRET") == secret);
     CHECK(v.at("KOLO_PEERS") == "-");
+    CHECK(contains(r.out, "[" + std::to_string(rank) + "] getenv KOLO_JOB_ID unset\n"));
     CHECK(v.at("PGID") == v.at("PID"));  // each rank leads its own process group
     pgids.insert(v.at("PGID"));
     // The rendezvous through the hosted store completed on every rank.
