@@ -11,6 +11,8 @@ Under kolo-run each rank runs one MODE and checks every value exactly:
                    broadcast by name with test/wait/free
   explicit         the same through kolo_comm_init(rank, size, KOLO_STORE, KOLO_SECRET)
   bad-dtype        rank 0 passes dtype 99: KOLO_ERR_INVALID_ARGUMENT on every rank
+  overflow         an allgather whose size x count wraps size_t: KOLO_ERR_INVALID_ARGUMENT
+                   naming the count and element size on every rank
   mismatch         rank 0 reduces 4 elements, the others 5: KOLO_ERR_MISMATCH on every rank
   dead-peer        the last rank exits without a word: KOLO_ERR_PEER_LOST on the others
   abort            the last rank calls kolo_comm_abort: KOLO_ERR_PEER_LOST on the others
@@ -416,6 +418,13 @@ def run_fault(comm):
         log(1, lib.kolo_allreduce(a, b, 5, 99 if me == 0 else INT32, SUM, comm))
         log(2, lib.kolo_barrier(comm))
         log.expect(INVALID_ARGUMENT, "dtype 99" if me == 0 else "on rank 0", 1 if me == 0 else 2)
+    elif mode == "overflow":
+        # size x count wraps in the C ABI (2^64 / n + 1 one-byte elements): refused on every
+        # rank, nothing read or written.
+        wraps = (2**64 - 1) // n + 1
+        log(1, lib.kolo_allgather(a, b, wraps, UINT8, comm))
+        log(2, lib.kolo_barrier(comm))
+        log.expect(INVALID_ARGUMENT, "elements of 1 bytes overflow", 1)
     elif mode == "mismatch":
         log(1, lib.kolo_allreduce(a, b, 4 if me == 0 else 5, INT32, SUM, comm))
         log(2, lib.kolo_barrier(comm))

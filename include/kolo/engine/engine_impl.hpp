@@ -202,8 +202,12 @@ class EngineCore {
     if (in.count > 0 && (!in.data || !out.data)) {
       throw ConfigError("engine: tensor '" + std::string(name) + "' has a null data pointer");
     }
-    (void)detail::checked_bytes(in.count, dtype_size(in.dtype),
-                                "engine: tensor '" + std::string(name) + "'");
+    // The message is built only on failure: this runs for every submission, which must not
+    // allocate in steady state (engine/alloc).
+    if (dtype_size(in.dtype) != 0 && in.count > detail::kMaxObjectBytes / dtype_size(in.dtype)) {
+      (void)detail::checked_bytes(in.count, dtype_size(in.dtype),
+                                  "engine: tensor '" + std::string(name) + "'");
+    }
     if (out.count != in.count || out.dtype != in.dtype) {
       throw ConfigError("engine: tensor '" + std::string(name) +
                         "': output must match the input's count and dtype");
