@@ -24,6 +24,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -209,6 +210,20 @@ inline void authenticate_client(int fd, std::string_view secret, const Hello& he
   }
 }
 
+namespace detail {
+// Lower-case hex of n bytes (job keys and launcher secrets).
+inline std::string to_hex(const unsigned char* p, std::size_t n) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    s.push_back(hex[p[i] >> 4]);
+    s.push_back(hex[p[i] & 15]);
+  }
+  return s;
+}
+}  // namespace detail
+
 // The key every handshake of one job uses: HMAC-SHA256(secret, "kolo-job:" job), hex. A client
 // of another job (another store, another communicator) that shares the secret fails the MAC and
 // is refused like a stranger. An empty job leaves the secret as it is (tools that know only the
@@ -223,13 +238,7 @@ inline std::string job_key(std::string_view secret, std::string_view job) {
       len != kMacSize) {
     throw Error("HMAC-SHA256 failed");
   }
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : out) {
-    s.push_back(hex[c >> 4]);
-    s.push_back(hex[c & 15]);
-  }
-  return s;
+  return detail::to_hex(out, sizeof(out));
 }
 
 // At most this many unauthenticated handshakes in progress per listener (the store, a rank's
@@ -331,13 +340,7 @@ inline Socket connect_authenticated(const std::string& host, std::uint16_t port,
 inline std::string generate_secret() {
   unsigned char raw[32];
   detail::random_bytes(raw, sizeof(raw));
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : raw) {
-    s.push_back(hex[c >> 4]);
-    s.push_back(hex[c & 15]);
-  }
-  return s;
+  return detail::to_hex(raw, sizeof(raw));
 }
 
 }  // namespace kolo::net
