@@ -5,6 +5,7 @@
 # defines kolo_fuzz_env, kolo_fuzz_store, kolo_fuzz_mesh_frames and kolo_fuzz_shm_slots in the
 # current directory.
 set(KOLO_FUZZ_NAMES env store mesh_frames shm_slots)
+list(APPEND KOLO_FUZZ_NAMES store_protocol)  # the store protocol alone (store/protocol.hpp)
 set(_KOLO_FUZZ_DIR ${CMAKE_CURRENT_LIST_DIR})
 
 function(kolo_add_fuzzers include_dir)
