@@ -666,8 +666,10 @@ def main():
                         for i in impls}
     doc["raw"] = {i: {n: [{str(s): r for s, r in run.items()} for run in raw[i][n]]
                       for n in raw[i]} for i in impls}
+    # tables.md lies in --out beside the plots, so its image links are "." (the section in
+    # --doc links them relative to that document).
     with open(os.path.join(args.out, "tables.md"), "w") as f:
-        f.write(generated)
+        f.write(render(doc, ".", gpu)[0])
     pngs = plot(results, ranks, impls, memcpy_m, args.out)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(doc, f, indent=1)
