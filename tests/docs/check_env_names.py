@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Every KOLO_* variable that code names is declared in the configuration table.
 
-The table (include/kolo/core/config.hpp) is the one place a variable is declared: its range,
-default and doc line live there, and docs/environment.md is generated from it. This check scans
+Each layer declares its variables next to its code (include/kolo/core/config.hpp names the
+files; tests/common/config_table.hpp is the one list of them): a variable's range, default and
+doc line live there, and docs/environment.md is generated from them. This check scans
 the library, the compiled C ABI (src/), the backends, the examples and the benchmarks for quoted names ("KOLO_X" or
 'KOLO_X': the way code reads or exports a variable) and fails, naming file and line, for any name
 the table does not declare (`kolo_env_doc --names` lists the declared ones).
@@ -41,8 +42,9 @@ def main() -> int:
                     if name not in declared and name not in NOT_VARIABLES:
                         undeclared.append(f"{path.relative_to(root)}:{lineno}: {name}")
     if undeclared:
-        print("KOLO_* names used in code but not declared in include/kolo/core/config.hpp "
-              "(add a Var there, then regenerate docs/environment.md):")
+        print("KOLO_* names used in code but not declared by any layer (add a Var to the "
+              "layer's *_config.hpp, see include/kolo/core/config.hpp, then regenerate "
+              "docs/environment.md):")
         print("\n".join("  " + u for u in undeclared))
         return 1
     print(f"{scanned} files scanned: every quoted KOLO_* name is declared ({len(declared)} names "

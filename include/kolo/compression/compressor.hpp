@@ -18,7 +18,8 @@
 #include <string>
 #include <string_view>
 
-#include "kolo/core/config.hpp"
+#include "kolo/compression/compression_config.hpp"
+#include "kolo/core/config_var.hpp"
 #include "kolo/core/dtype.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
@@ -158,11 +159,19 @@ struct CompressionPolicy {
     }
   }
 
+  // "none" (or empty), "fp16" (or "float16"), "bf16" (or "bfloat16"): KOLO_COMPRESSION's
+  // declared values (compression_config.hpp); anything else is a ConfigError naming them.
   static CompressionPolicy parse(std::string_view s) {
-    if (s.empty() || s == "none") return {};
-    if (s == "fp16" || s == "float16") return of<Fp16Compressor>();
-    if (s == "bf16" || s == "bfloat16") return of<Bf16Compressor>();
-    throw ConfigError("KOLO_COMPRESSION=" + std::string(s) + " is not one of none, fp16, bf16");
+    if (s.empty()) return {};
+    switch (config::parse_choice<CompressionKind>(config::vars::compression, s)) {
+      case CompressionKind::fp16:
+        return of<Fp16Compressor>();
+      case CompressionKind::bf16:
+        return of<Bf16Compressor>();
+      case CompressionKind::none:
+        break;
+    }
+    return {};
   }
 
   static CompressionPolicy from_env(const EnvLookup& env = process_env()) {

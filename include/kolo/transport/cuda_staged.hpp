@@ -30,12 +30,13 @@
 #include "kolo/algorithm/ring_allgather.hpp"
 #include "kolo/algorithm/ring_allreduce.hpp"
 #include "kolo/algorithm/ring_reduce_scatter.hpp"
-#include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
+#include "kolo/core/wait.hpp"
 #include "kolo/cuda/device_ops.hpp"
 #include "kolo/topology/bootstrap.hpp"
 #include "kolo/transport/mesh.hpp"
+#include "kolo/transport/transport_config.hpp"
 
 namespace kolo {
 
@@ -318,8 +319,11 @@ class CudaStagedTransport : public MeshTransport {
   void wait_stream(const Deadline& dl, const char* what) {
     select_device();
     cuda_detail::check(cudaEventRecord(event_, stream_), "cudaEventRecord");
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto spin = std::chrono::microseconds(cuda_.spin_us);
+    // core/wait.hpp: yield at every poll for spin_us, then sleep 20 us between polls.
+    wait::Backoff backoff({.spin = std::chrono::microseconds(cuda_.spin_us),
+                           .yield_every = 1,
+                           .first_sleep = std::chrono::microseconds(20),
+                           .max_sleep = std::chrono::microseconds(20)});
     for (unsigned i = 0;; ++i) {
       const cudaError_t q = cudaEventQuery(event_);
       if (q == cudaSuccess) return;
@@ -336,11 +340,7 @@ class CudaStagedTransport : public MeshTransport {
                              std::to_string(timeout_seconds()) + ")");
         }
       }
-      if (std::chrono::steady_clock::now() - t0 < spin) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+      backoff.pause(&dl);
     }
   }
 

@@ -38,7 +38,6 @@
 #include <vector>
 
 #include "kolo/core/compiled_core.hpp"
-#include "kolo/core/config.hpp"
 #include "kolo/core/deadline.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
@@ -51,6 +50,7 @@
 #include "kolo/transport/op_pool.hpp"
 #include "kolo/transport/route.hpp"
 #include "kolo/transport/transport.hpp"
+#include "kolo/transport/transport_config.hpp"
 
 namespace kolo {
 

@@ -32,12 +32,14 @@
 
 #include <nccl.h>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "kolo/algorithm/allreduce_hierarchical.hpp"
 #include "kolo/algorithm/group_view.hpp"
+#include "kolo/core/wait.hpp"
 #include "kolo/transport/cuda_staged.hpp"
 
 namespace kolo {
@@ -349,7 +351,12 @@ class NcclTransport : public CudaStagedTransport {
 
   // A non-blocking communicator may still be enqueueing (ncclInProgress): wait until it is not.
   void settle(const Deadline& dl, const char* what) {
-    for (unsigned i = 0;; ++i) {
+    // core/wait.hpp: yield at every check for 64 us, then sleep 50 us between checks.
+    wait::Backoff backoff({.spin = std::chrono::microseconds(64),
+                           .yield_every = 1,
+                           .first_sleep = std::chrono::microseconds(50),
+                           .max_sleep = std::chrono::microseconds(50)});
+    for (;;) {
       ncclResult_t a = ncclSuccess;
       const ncclResult_t r = ncclCommGetAsyncError(comm_, &a);
       if (r != ncclSuccess) nccl_detail::throw_result(r, "ncclCommGetAsyncError", comm_);
@@ -361,11 +368,7 @@ class NcclTransport : public CudaStagedTransport {
                            "(KOLO_TIMEOUT_SECONDS=" + std::to_string(timeout_seconds()) +
                            "): a rank that never joined, or a peer that stopped?");
       }
-      if (i < 64) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+      backoff.pause(&dl);
     }
   }
 

@@ -10,27 +10,23 @@
 #include <cstdint>
 #include <string>
 
-#include "kolo/core/config.hpp"
+#include "kolo/core/config_var.hpp"
 #include "kolo/core/env.hpp"
-#include "kolo/core/error.hpp"
+#include "kolo/transport/transport_config.hpp"
 
 namespace kolo {
 
 enum class Route : std::uint8_t { self, shm, tcp };
-enum class RouteMode : std::uint8_t { shm_only, tcp_only, routed };
+// RouteMode (shm_only, tcp_only, routed): transport_config.hpp, with KOLO_TRANSPORT's values.
 
 inline const char* route_name(Route r) {
   return r == Route::shm ? "shm" : r == Route::tcp ? "tcp" : "self";
 }
 
-// The route policy named by KOLO_TRANSPORT (shm, tcp, routed; default routed), for programs
-// that choose at run time: `MeshTransport t(boot, route_mode_from_env());`.
+// The route policy named by KOLO_TRANSPORT (shm, tcp, routed or auto; default routed), for
+// programs that choose at run time: `MeshTransport t(boot, route_mode_from_env());`.
 inline RouteMode route_mode_from_env(const EnvLookup& env = process_env()) {
-  const auto v = config::get_text(env, config::vars::transport);
-  if (!v || *v == "routed" || *v == "auto") return RouteMode::routed;
-  if (*v == "shm") return RouteMode::shm_only;
-  if (*v == "tcp") return RouteMode::tcp_only;
-  throw ConfigError("KOLO_TRANSPORT=" + *v + " is not one of shm, tcp, routed");
+  return config::get_choice<RouteMode>(env, config::vars::transport).value_or(RouteMode::routed);
 }
 
 }  // namespace kolo

@@ -4,8 +4,8 @@
 // The default transport: right on one host (all shared memory), right across hosts.
 #pragma once
 
-#include "kolo/core/config.hpp"
 #include "kolo/transport/mesh.hpp"
+#include "kolo/transport/transport_config.hpp"
 
 namespace kolo {
 

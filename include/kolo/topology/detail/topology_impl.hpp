@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kolo/core/compiled_core.hpp"
-#include "kolo/core/config.hpp"
+#include "kolo/core/core_config.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/net/socket.hpp"

@@ -39,7 +39,6 @@
 #include <thread>
 #include <vector>
 
-#include "kolo/core/config.hpp"
 #include "kolo/core/deadline.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/net/auth.hpp"
@@ -48,6 +47,7 @@
 #include "kolo/transport/mesh/shm_channel.hpp"
 #include "kolo/transport/mesh/tcp_channel.hpp"
 #include "kolo/transport/route.hpp"
+#include "kolo/transport/transport_config.hpp"
 
 namespace kolo {
 
