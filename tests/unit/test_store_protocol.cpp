@@ -85,7 +85,7 @@ TEST_CASE("store protocol: every request round-trips through its encoder and dec
   CHECK(q.key == "gone");
 }
 
-TEST_CASE("store protocol: frames split a stream; a bad length is refused") {
+TEST_CASE("store protocol: frames split a stream, a bad length is refused") {
   std::string stream;
   sd::encode_get(stream, 1, "a");
   sd::encode_erase(stream, "b");
@@ -181,7 +181,7 @@ TEST_CASE("store protocol: truncated, oversized and garbage requests say what is
   CHECK(std::string(sd::decode_request(many, q)) == "bad WAIT");
 }
 
-TEST_CASE("store protocol: replies round-trip; malformed replies are refused") {
+TEST_CASE("store protocol: replies round-trip, malformed replies are refused") {
   sd::Reply r;
   std::string f;
   sd::encode_ok(f);
