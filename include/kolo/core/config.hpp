@@ -30,10 +30,12 @@
 #include "kolo/core/core_config.hpp"
 #include "kolo/engine/engine_config.hpp"
 #include "kolo/transport/transport_config.hpp"
-// Until backends/spark/include/kolo/spark/data_file.hpp includes it itself.
+// Until backends/spark/include/kolo/spark/data_file.hpp and backends/torch/csrc/kolo_backend.cpp
+// include their layer's declarations themselves (where their directories are on the include
+// path; a program compiled with include/ alone has neither).
+#if __has_include("kolo/spark/spark_config.hpp")
 #include "kolo/spark/spark_config.hpp"
-// Until backends/torch/csrc/kolo_backend.cpp includes it itself (its build has csrc/ on the
-// include path; nothing else does).
+#endif
 #if __has_include("torch_config.hpp")
 #include "torch_config.hpp"
 #endif
