@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/run.sh — the test command (README's second command; .ci/run calls it): on a fresh
 # Debian 12 machine, install what is missing, build kolo (Release) into build-ci, run every CTest
-# test and print ctest's summary, the 20 slowest tests and the seconds per label. The exit code is
+# test and print ctest's summary, the 20 slowest tests and the seconds per label; after each build
+# the 15 targets that took the most build seconds (.ci/ninja_report.py), and at the end the seconds
+# of each phase (docs/testing.md "CI time" reads them). The exit code is
 # ctest's, or 1 where ctest passed but a registered test did not run, or skipped without being on
 # tests/common/skip_allowlist.txt (.ci/ctest_report.py; KOLO_TEST_REQUIRE_GPU=1, on a GPU
 # machine, takes the GPU tests off that list). The configure makes the test dependencies
@@ -34,6 +36,26 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 section() { printf '\n==== %s ====\n' "$*"; }
 
+# phase NAME: the time since the previous call (or the start) was NAME's; the result section
+# lists them.
+phase_names=()
+phase_seconds=()
+phase_mark=$SECONDS
+phase() {
+  phase_names+=("$1")
+  phase_seconds+=($((SECONDS - phase_mark)))
+  phase_mark=$SECONDS
+}
+
+# seed_costs BUILD_DIR: a build tree without ctest's cost file gets .ci/ctest_costs.txt as one,
+# so the long tests start first instead of in registration order (only the order changes).
+seed_costs() {
+  local file=$1/Testing/Temporary/CTestCostData.txt
+  [[ -s $file ]] && return 0
+  mkdir -p "$(dirname "$file")"
+  { awk '!/^#/ && NF == 2 { print $1, 1, $2 }' "$repo/.ci/ctest_costs.txt"; echo "---"; } >"$file"
+}
+
 # ctest_judged NAME SLOWEST CTEST-ARGS...: runs ctest with the arguments (behind the command in
 # the array ctest_prefix, if any), then .ci/ctest_report.py on its JUnit file against what the
 # same selection registers (ctest --show-only=json-v1), printing the SLOWEST slowest tests and the
@@ -63,6 +85,7 @@ ctest_judged() {
 # shellcheck source=.ci/install-deps.sh
 source "$repo/.ci/install-deps.sh"
 install_deps
+phase "dependencies"
 
 section "toolchain"
 cmake --version | head -1
@@ -78,6 +101,7 @@ if ! KOLO_PYTHON_ENV=$(bash "$repo/tests/pyenv.sh"); then
   echo "tests/pyenv.sh failed: the Python suites (torch/, spark/) will fail" >&2
 fi
 echo "python: ${KOLO_PYTHON_ENV:-none} ($((SECONDS - started)) s)"
+phase "python environment"
 
 section "configure ($build_type) into $build_dir"
 # -O2: the level the suite is developed and timed at (Release defaults to -O3).
@@ -86,17 +110,22 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" \
   -DCMAKE_CXX_FLAGS_RELEASE="${CI_CXX_FLAGS_RELEASE:--O2 -DNDEBUG}" \
   -DKOLO_FUZZ_SECONDS="${CI_FUZZ_SECONDS:-0}" -DKOLO_REQUIRE_TEST_DEPS=ON \
   -DKOLO_WITH_LIBTORCH=ON -DKOLO_TORCH_PYTHON="${KOLO_PYTHON_ENV:-python3}"
+phase "configure"
 
 section "build"
 cmake --build "$build_dir" -j "$jobs"
+phase "build"
+python3 "$repo/.ci/ninja_report.py" "$build_dir" --top 15 --name "build ($build_dir)" || true
 
 section "test"
 # ctest's own summary lists the failures; its exit code is this script's, so no `set -e` here.
 set +e
+seed_costs "$build_dir"
 # shellcheck disable=SC2086 # CI_CTEST_ARGS is a list of words on purpose
 ctest_judged ctest 20 --test-dir "$build_dir" --output-on-failure -j "$jobs" ${CI_CTEST_ARGS:-}
 rc=$?
 set -e
+phase "ctest"
 
 # --- sanitizers: a CI-sized subset (CMakePresets.json, asan-ci / tsan-ci), own build dirs ---
 sanitizers=()
@@ -116,15 +145,28 @@ if [[ ${KOLO_CI_SANITIZERS:-1} != 0 ]]; then
       set -e
       cmake --preset "$preset" >/dev/null
       cmake --build --preset "$preset-ci" -j "$jobs"
-      ctest_judged "$preset" 0 --preset "$preset-ci" -j "$jobs"
     )
     sanitizer_rc=$?
+    phase "$preset build"
+    python3 "$repo/.ci/ninja_report.py" "build-$preset" --top 15 --name "$preset build" || true
+    if ((sanitizer_rc == 0)); then
+      seed_costs "build-$preset"
+      ctest_judged "$preset" 0 --preset "$preset-ci" -j "$jobs"
+      sanitizer_rc=$?
+    fi
+    phase "$preset tests"
     set -e
     echo "$preset: exit code $sanitizer_rc after $((SECONDS - started)) s"
     sanitizers+=("$preset")
     sanitizer_rcs+=("$sanitizer_rc")
   done
 fi
+
+section "time per phase (seconds)"
+for i in "${!phase_names[@]}"; do
+  printf '%6d  %s\n' "${phase_seconds[i]}" "${phase_names[i]}"
+done
+echo "$SECONDS in all"
 
 section "result"
 failed_log="$build_dir/Testing/Temporary/LastTestsFailed.log"
