@@ -20,8 +20,8 @@ __version__ = "0.2.0"
 # Attributes load on first use (PEP 562): a rank's supervisor and a function rank's interpreter
 # import this package too, and should not pay for the driver's modules.
 _WHERE = {
-    "run": "driver", "RunResult": "driver", "RankResult": "driver", "FunctionResults": "driver",
-    "check_conf": "driver", "local_master_slots": "driver", "task_slots": "driver",
+    "run": "api", "RunResult": "results", "RankResult": "results", "FunctionResults": "results",
+    "check_conf": "preflight", "local_master_slots": "preflight", "task_slots": "preflight",
     "KoloSparkError": "errors", "ConfigurationError": "errors", "RankFailedError": "errors",
     "RankFunctionError": "errors", "ResultTooLargeError": "errors", "SetupError": "errors",
     "StartTimeoutError": "errors",

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional, Union
 
-from .driver import FunctionResults, RunResult, run
+from .api import run
+from .results import FunctionResults, RunResult
 from .errors import ConfigurationError
 from .task import PYTHON
 

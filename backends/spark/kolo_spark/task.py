@@ -1,4 +1,5 @@
-"""What runs inside each barrier task (and, for ``local_mode``, the same pieces on the driver).
+"""One rank's life, the same for both runners: its set-up (:func:`prepare_rank`), launch
+(:class:`RankLaunch`) and outcome; and the barrier task that runs them on an executor.
 
 docs/spark.md: bind a listening socket and keep it (rank 0 also reserves torch's MASTER_PORT),
 one ``allGather`` of {rank, host key, ip, port, gpus}, local/cross ranks computed from it, then
@@ -7,6 +8,8 @@ Python interpreter running the job's function (:mod:`kolo_spark.fnrank`). Its ou
 into the executor log, streamed to the driver's hub, and its tail kept. A failure becomes an
 exception that fails the Spark stage and that the driver turns back into a
 :class:`~kolo_spark.errors.RankFailedError` (the payload rides in the exception text).
+``local_mode`` (:mod:`kolo_spark.local_job`) runs the same :func:`prepare_rank` and
+:class:`RankLaunch` on the driver, without the ``allGather``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import data as data_mod
 from . import liveness
@@ -325,6 +328,75 @@ def read_bounded(path: str, limit: int, what: str) -> bytes:
 
 
 @dataclass
+class PreparedRank:
+    """One rank's resources before its launch, made by :func:`prepare_rank`: its listening
+    socket (the rank inherits it), rank 0's reserved torch port, where it runs, its scratch
+    directory and its data shard's environment. Filled step by step: after a failure it holds
+    what was made, for :meth:`release`."""
+
+    rank: int
+    listener: Optional[socket.socket] = None
+    reserved: Optional[socket.socket] = None
+    host: str = ""
+    ip: str = ""
+    gpus: Tuple[str, ...] = ()
+    workdir: Optional[str] = None
+    data: Optional[Dict[str, str]] = None
+
+    @property
+    def port(self) -> int:
+        """The listening socket's port (0 before it exists)."""
+        return self.listener.getsockname()[1] if self.listener is not None else 0
+
+    def info(self, error: str = "") -> TaskInfo:
+        """What this rank tells the others at the rendezvous (``error``: its set-up failed)."""
+        torch_port = self.reserved.getsockname()[1] if self.reserved is not None else 0
+        return TaskInfo(self.rank, self.host, self.ip, self.port, self.gpus, error, torch_port)
+
+    def release(self) -> None:
+        """Closes the sockets still held and removes the scratch directory. Idempotent."""
+        for s in (self.listener, self.reserved):
+            if s is not None:
+                s.close()
+        self.listener = self.reserved = None
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+
+def prepare_rank(spec: TaskSpec, out: PreparedRank,
+                 where: Callable[[PreparedRank], None],
+                 rows: Optional[Iterable], *, bind_host: str,
+                 reserve_host: Optional[str] = None, scratch_parent: Optional[str] = None,
+                 events: Optional[List[dict]] = None) -> PreparedRank:
+    """Sets rank ``out.rank`` up for its launch, the one path of both runners (the barrier
+    task and local mode), in this order: a listening socket on ``bind_host``; for rank 0 the
+    port reserved for torch's store (on ``reserve_host``, default ``bind_host``);
+    ``where(out)``, which sets ``out``'s host key, ip and gpus; a scratch directory under
+    ``scratch_parent`` (:func:`scratch_dir`); and with ``spec.data_format`` the rank's rows
+    written to its shard there (``data`` is then its KOLO_DATA_* environment; the span
+    "write data shard" goes to ``events`` when given). Returns ``out``; when a step raises,
+    ``out`` keeps what the earlier steps made (the caller releases it)."""
+    rank = out.rank
+    out.listener = listen_socket(bind_host)
+    if rank == 0:
+        out.reserved = reserve_port(bind_host if reserve_host is None else reserve_host)
+    where(out)
+    out.workdir = scratch_dir(scratch_parent, rank)
+    if spec.data_format:
+        t0 = tl.now_us()
+        path = os.path.join(out.workdir, data_mod.shard_file_name(rank, spec.data_format))
+        count = data_mod.write_rows(rows if rows is not None else (), path, spec.data_format,
+                                    spec.data_columns, spec.data_types)
+        out.data = data_mod.data_env(path, spec.data_format, count, spec.data_columns,
+                                     spec.data_types)
+        if events is not None:
+            events.append(tl.complete("write data shard", t0, tl.now_us(), tl.KOLO_TID,
+                                      rows=count))
+    return out
+
+
+@dataclass
 class RankRun:
     """One rank's outcome: its result dict, and for a function the pickled return value."""
 
@@ -342,6 +414,7 @@ class RankLaunch:
                  base_env: Optional[Mapping[str, str]] = None,
                  python_path_value: Optional[str] = None):
         self.spec, self.rank, self.me, self.data = spec, rank, topology[rank], data
+        self.proc: Optional[NativeProcess] = None  # set by start()
         master = (topology[0].ip, topology[0].torch_port) if topology[0].torch_port else None
         self.env = build_env(os.environ if base_env is None else base_env, spec.env, self.me,
                              peers_string(topology), spec.secret, listen_fd, data, master=master)
@@ -376,6 +449,22 @@ class RankLaunch:
                              tail_lines=self.spec.tail_lines, on_line=on_line,
                              kill_grace=self.spec.kill_grace)
 
+    def start(self, listener: socket.socket, hold_fds: Sequence[int], label: str,
+              on_line: Optional[Callable[[str], None]], echo: Optional[bool] = None
+              ) -> NativeProcess:
+        """Starts the rank (:meth:`process`, passing it ``listener`` and ``hold_fds``) and closes
+        ``listener``, which the rank holds now. A program that cannot start raises
+        :meth:`start_error`'s RankFailedError (``proc`` is the process all the same, ended)."""
+        proc = self.proc = self.process((listener.fileno(), *hold_fds), hold_fds, label, on_line,
+                                        echo)
+        try:
+            proc.start()
+        except StartError as e:
+            raise self.start_error(e) from None
+        finally:
+            listener.close()
+        return proc
+
     def start_error(self, e: OSError) -> RankFailedError:
         return RankFailedError(self.rank, None, "", self.me.host, "start",
                                f"{self.what}: {e.strerror or e}", failed_at=time.time())
@@ -385,6 +474,14 @@ class RankLaunch:
         return RankFailedError(self.rank, proc.returncode, proc.output_tail(), self.me.host,
                                "timeout", f"timeout={self.spec.timeout:g}s",
                                failed_at=time.time() if at is None else at)
+
+    def stop_for_timeout(self, proc: NativeProcess) -> RankFailedError:
+        """Ends ``proc``, whose ``spec.timeout`` has just struck (:meth:`NativeProcess.terminate`:
+        the supervisor's SIGTERM, then SIGKILL after ``kill_grace``), and returns the timeout's
+        RankFailedError, dated when it struck."""
+        at = time.time()
+        proc.terminate()
+        return self.timeout_error(proc, at)
 
     def events(self, proc: NativeProcess) -> List[dict]:
         """This rank's timeline events from its process (and, with a timeline, its files)."""
@@ -431,23 +528,16 @@ def run_rank(spec: TaskSpec, topology: List[RankTopology], rank: int, listener: 
     launch = RankLaunch(spec, topology, rank, listener.fileno(), data, workdir)
     on_line = hub.line if hub is not None and spec.stream_logs else None
     hold = (hub.fileno(),) if hub is not None else ()
-    proc = launch.process((listener.fileno(), *hold), hold, f"kolo rank {rank}", on_line)
     try:
-        try:
-            proc.start()
-        except StartError as e:
-            raise launch.start_error(e) from None
-        finally:
-            listener.close()  # the rank holds it now
+        proc = launch.start(listener, hold, f"kolo rank {rank}", on_line)
         code = proc.wait(timeout=spec.timeout)
         if code is None and proc.timed_out:
-            at = time.time()
-            proc.terminate()
-            raise launch.timeout_error(proc, at)
+            raise launch.stop_for_timeout(proc)
     finally:
-        proc.terminate()
-        if events is not None:
-            events.extend(launch.events(proc))
+        if launch.proc is not None:
+            launch.proc.terminate()
+            if events is not None:
+                events.extend(launch.events(launch.proc))
     return launch.outcome(proc)
 
 
@@ -470,38 +560,24 @@ def barrier_partition(spec: TaskSpec, iterator):
     rank = ctx.partitionId()
     task_start = tl.now_us()
     events: List[dict] = []
-    listener = None
-    reserved = None
+    me = PreparedRank(rank)
     hub = None
-    workdir = None
-    data = None
-    host, ip, port, gpus, error = "", "", 0, (), ""
+    error = ""
+
+    def where(out: PreparedRank) -> None:
+        out.host = _host_key_of(spec, ctx, rank)
+        out.ip = advertise_ip(spec.driver_host)
+        out.gpus = _task_gpus(ctx)
+
     try:
         try:
-            listener = listen_socket(spec.bind_host)
-            port = listener.getsockname()[1]
-            if rank == 0:
-                reserved = reserve_port(spec.bind_host)
-            host = _host_key_of(spec, ctx, rank)
-            ip = advertise_ip(spec.driver_host)
-            gpus = _task_gpus(ctx)
-            workdir = scratch_dir(spec.data_dir, rank)
-            if spec.data_format:
-                t0 = tl.now_us()
-                path = os.path.join(workdir, data_mod.shard_file_name(rank, spec.data_format))
-                rows = data_mod.write_rows(iterator, path, spec.data_format, spec.data_columns,
-                                           spec.data_types)
-                data = data_mod.data_env(path, spec.data_format, rows, spec.data_columns,
-                                         spec.data_types)
-                events.append(tl.complete("write data shard", t0, tl.now_us(), tl.KOLO_TID,
-                                          rows=rows))
+            prepare_rank(spec, me, where, iterator, bind_host=spec.bind_host,
+                         scratch_parent=spec.data_dir, events=events)
         except Exception as e:  # reported through the allGather so that every rank stops
             error = f"{type(e).__name__}: {e}"
         try:
             t0 = tl.now_us()
-            torch_port = reserved.getsockname()[1] if reserved is not None else 0
-            topology = rendezvous(ctx.allGather,
-                                  TaskInfo(rank, host, ip, port, gpus, error, torch_port))
+            topology = rendezvous(ctx.allGather, me.info(error))
             events.append(tl.complete("rendezvous", t0, tl.now_us(), tl.KOLO_TID))
             if len(topology) != spec.num_proc:
                 raise ConfigurationError(f"kolo_spark: {len(topology)} tasks met in the barrier "
@@ -510,10 +586,10 @@ def barrier_partition(spec: TaskSpec, iterator):
                                    lines_per_second=spec.log_lines_per_second,
                                    line_bytes=spec.log_line_bytes)
             try:
-                run = run_rank(spec, topology, rank, listener, data, workdir, hub=hub,
+                run = run_rank(spec, topology, rank, me.listener, me.data, me.workdir, hub=hub,
                                events=events)
             finally:
-                listener = None  # closed by run_rank
+                me.listener = None  # closed by run_rank
                 if hub is not None and spec.timeline:
                     events.append(tl.complete("barrier task", task_start, tl.now_us(),
                                               tl.KOLO_TID))
@@ -532,10 +608,8 @@ def barrier_partition(spec: TaskSpec, iterator):
             raise_task_failure(e, payload)
         yield (json.dumps(run.result), run.value)
     finally:
-        if listener is not None:
-            listener.close()
-        if reserved is not None:
-            reserved.close()
+        workdir, me.workdir = me.workdir, None
+        me.release()  # the sockets
         if hub is not None:
             hub.close()
         if workdir:

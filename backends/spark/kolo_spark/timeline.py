@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from typing import Dict, Iterable, List, Optional
 
@@ -171,3 +172,13 @@ def merge(path: str, traces: Dict[int, List[dict]], origin_us: float, num_proc: 
         json.dump({"traceEvents": out, "displayTimeUnit": "ms"}, f, separators=(",", ":"))
     os.replace(tmp, path)
     return len(out)
+
+
+def write_merged(path: str, traces: Dict[int, List[dict]], origin_us: float, num_proc: int,
+                 hosts: Optional[Dict[int, str]] = None, driver: Iterable[dict] = ()) -> None:
+    """:func:`merge` for run(): a file that cannot be written is a line on stderr, not an
+    error (the job's results matter more than its timeline)."""
+    try:
+        merge(path, traces, origin_us, num_proc, hosts, driver)
+    except OSError as e:
+        print(f"kolo_spark: could not write the timeline {path}: {e}", file=sys.stderr)
