@@ -20,7 +20,7 @@
 //     (KOLO_SPIN_MIN_US): spinning through waits that long (a peer computing) only burns a core.
 //   - Spinning yields the core, and how often is learned too. At most every yield_every checks
 //     (KOLO_YIELD_EVERY: 1024 while every local rank has a core, 1 when local ranks outnumber
-//     cores), and at least every 20 µs of spinning (kYieldAfterUs: a check that polls a TCP
+//     cores), and at least every 20 µs of spinning (wait::kYieldAfter: a check that polls a TCP
 //     socket is a system call, so 1024 of them can take milliseconds). A sched_yield that
 //     returns late (> 5 µs) means another task ran on this core,
 //     typically the peer we wait for, which the scheduler's wake-up placement put on our core:
@@ -45,8 +45,8 @@
 //                        lower-ranked local peer spins on CPU c
 //   e.still_waiting()    after each wake from poll() that brought no completion
 //   e.timed_out()        [[noreturn]]: the deadline passed
-// A different waiting strategy (a futex or eventfd doorbell, a busier or lazier spin) changes
-// this file and doorbell.hpp, nothing else.
+// A different waiting strategy changes core/wait.hpp (the spin, shared with every other wait of
+// kolo), or this file and doorbell.hpp (a futex or eventfd doorbell), nothing else.
 #pragma once
 
 #include <poll.h>
@@ -60,18 +60,11 @@
 
 #include "kolo/core/deadline.hpp"
 #include "kolo/core/error.hpp"
+#include "kolo/core/wait.hpp"
 #include "kolo/net/socket.hpp"
 #include "kolo/transport/mesh/doorbell.hpp"
 
 namespace kolo::detail {
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();  // the builtin: <immintrin.h> alone costs ~0.6 s of compile time
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // How a waiting rank spins before it sleeps; see the top of this file.
 struct WaitPolicy {
@@ -90,12 +83,12 @@ class PollLoop {
     policy_ = p;
     if (policy_.max_us < policy_.min_us) policy_.max_us = policy_.min_us;
     if (policy_.yield_every < 1) policy_.yield_every = 1;
-    budget_ns_ = (p.adaptive() ? policy_.max_us : p.fixed_us) * 1000;
-    yield_every_ = policy_.yield_every;
+    budget_.set(policy_.min_us, policy_.max_us, p.fixed_us);
+    cadence_.set_max(policy_.yield_every);
   }
   const WaitPolicy& policy() const { return policy_; }
   // The spin budget the next wait starts with, in microseconds.
-  double spin_us() const { return budget_ns_ / 1000; }
+  double spin_us() const { return budget_.ns() / 1000; }
 
   // Returns once an operation of `e` has completed since the call, or at once when nothing is
   // outstanding; e.timed_out() when the deadline passes first.
@@ -104,55 +97,33 @@ class PollLoop {
     const std::uint64_t before = e.completions();
     e.progress();
     if (e.completions() != before || e.pending() == 0) return;
-    // Spin: cheap polling of shared-memory flags while the peer is likely running right now.
-    const auto t0 = Clock::now();
-    const auto spin_until = t0 + std::chrono::nanoseconds(static_cast<long long>(budget_ns_));
-    // One pause per check: on current x86 a pause is ~140 cycles, so a longer pause burst is
-    // pure added latency once the peer's store lands.
-    int iter = 0;
+    // Spin: cheap polling of shared-memory flags while the peer is likely running right now
+    // (core/wait.hpp: one pause per check, a yield at least every 20 us and at most every
+    // yield_every checks, at every check after a late yield). A check that polls a TCP socket
+    // is a system call, so the clock bounds the interval between yields, not only the count.
+    wait::Spin spin(budget_.budget(), cadence_);
     bool moved = false;
     if (policy_.spread) e.note_cpu(::sched_getcpu());
-    // A check that polls a TCP socket is a system call (a microsecond or two, not the tens of
-    // nanoseconds of a shared-memory flag), so a count of checks alone could leave the core
-    // unoffered for milliseconds; the clock bounds it too.
-    auto last_yield = t0;
-    for (auto now = t0; now < spin_until;) {
-      cpu_relax();
+    // A late yield: another task ran on this core, likely the peer we wait for. With spread,
+    // once per wait, a rank that finds a lower-ranked local peer on its CPU moves off it.
+    auto on_late = [&] {
+      if (policy_.spread && !moved) {
+        moved = true;
+        const int cpu = ::sched_getcpu();
+        if (e.lower_peer_on_cpu(cpu) && move_off(cpu)) {
+          e.note_cpu(::sched_getcpu());
+          cadence_.every = policy_.yield_every;
+        }
+      }
+    };
+    while (spin.next(on_late)) {
       e.progress();
       if (e.completions() != before) return;
-      if (++iter >= yield_every_ || now - last_yield >= std::chrono::microseconds(kYieldAfterUs)) {
-        iter = 0;
-        ::sched_yield();
-        const auto after = Clock::now();
-        // A yield that took long means another task ran on this core: likely the peer we wait
-        // for (the scheduler put us on one core), so hand the core on at every check from now
-        // on; a prompt one means nobody wanted it, so yield less often (up to yield_every).
-        if (after - now > std::chrono::microseconds(kBusyYieldUs)) {
-          yield_every_ = 1;
-          if (policy_.spread && !moved) {
-            moved = true;
-            const int cpu = ::sched_getcpu();
-            if (e.lower_peer_on_cpu(cpu) && move_off(cpu)) {
-              e.note_cpu(::sched_getcpu());
-              yield_every_ = policy_.yield_every;
-            }
-          }
-        } else {
-          yield_every_ = std::min(policy_.yield_every, 2 * yield_every_);
-        }
-        // The clock read after the yield serves the spin's budget too (a move_off in between
-        // only makes the spin a few microseconds longer): with more ranks than cores every check
-        // yields, and a second read per check was half of the clock reads that perf put at
-        // about 5 % of a waiting rank's time.
-        now = after;
-        last_yield = after;
-      } else {
-        now = Clock::now();
-      }
     }
     sleep_until_progress(e, dl, before);
-    if (policy_.adaptive())
-      learn(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
+    if (budget_.adaptive()) {
+      budget_.learn(std::chrono::duration<double, std::nano>(Clock::now() - spin.start()).count());
+    }
   }
 
  private:
@@ -169,16 +140,6 @@ class PollLoop {
     if (::sched_setaffinity(0, sizeof(others), &others) != 0) return false;
     [[maybe_unused]] const int rc = ::sched_setaffinity(0, sizeof(mask), &mask);
     return true;
-  }
-
-  // A wait that went past the spin budget and slept, `ns` long in all.
-  void learn(double ns) {
-    const double cap = policy_.max_us * 1000;
-    if (ns <= cap) {
-      budget_ns_ = std::min(cap, std::max(budget_ns_, 2 * ns));
-    } else {
-      budget_ns_ = std::max(policy_.min_us * 1000, budget_ns_ / 2);
-    }
   }
 
   template <class Engine>
@@ -206,14 +167,9 @@ class PollLoop {
     }
   }
 
-  // A sched_yield that returns later than this handed the core to another task.
-  static constexpr int kBusyYieldUs = 5;
-  // A spinning rank offers its core at least this often, however long its checks take.
-  static constexpr int kYieldAfterUs = 20;
-
   WaitPolicy policy_;
-  double budget_ns_ = 50000;
-  int yield_every_ = 1024;  // checks between yields now: 1 .. policy_.yield_every
+  wait::SpinBudget budget_;     // the spin budget, learned (or fixed: KOLO_SPIN_US)
+  wait::YieldCadence cadence_;  // checks between yields now: 1 .. policy_.yield_every
   std::vector<pollfd> fds_;
 };
 
