@@ -42,7 +42,7 @@
 // a matched message (docs/mpi.md tells how zero-copy wedged Open MPI). Buffers of requests still
 // pending when a transport closes are kept alive rather than freed under MPI's feet.
 //
-// Errors. Every wait polls MPI_Test with a backoff (spin KOLO_SPIN_US, then sched_yield, then
+// Errors. Every wait polls MPI_Test with core/wait.hpp's backoff (spin KOLO_SPIN_US, then yields,
 // sleeps growing to 1 ms — never a hot spin when ranks outnumber cores) and throws TimeoutError
 // past its deadline. abort(err) does NOT call MPI_Abort: it sends the error (kind, origin,
 // reason) to every rank of the communicator on a control tag and keeps the process alive; every

@@ -31,6 +31,7 @@
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
 #include "kolo/core/reduce.hpp"
+#include "kolo/core/wait.hpp"
 
 namespace kolo {
 
@@ -72,40 +73,16 @@ inline void check(int rc, const std::string& what) {
   if (rc != MPI_SUCCESS) throw Error(what + " failed: " + error_text(rc));
 }
 
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-// Waiting without a file descriptor to sleep on (MPI progresses only inside MPI calls): spin
-// while the peer is likely running, then give the core away, then sleep in growing steps. A wait
-// that completes starts the next one from the spin again, so streaming traffic stays in the spin.
-class Backoff {
+// Waiting without a file descriptor to sleep on (MPI progresses only inside MPI calls): kolo's
+// one wait policy (core/wait.hpp) with MPI's phases: spin while the peer is likely running
+// (yielding at least every 20 us), then 200 us of yields, then sleeps from 20 us doubling to 1 ms.
+// A wait that completes starts the next one from the spin again, so streaming traffic stays in
+// the spin.
+class Backoff : public wait::Backoff {
  public:
   explicit Backoff(double spin_us)
-      : start_(Clock::now()),
-        spin_end_(start_ + std::chrono::nanoseconds(static_cast<long long>(spin_us * 1000))),
-        yield_end_(spin_end_ + std::chrono::microseconds(200)) {}
-
-  void pause() {
-    const auto now = Clock::now();
-    if (now < spin_end_) {
-      cpu_relax();
-    } else if (now < yield_end_) {
-      ::sched_yield();
-    } else {
-      timespec ts{0, sleep_ns_};
-      ::nanosleep(&ts, nullptr);
-      sleep_ns_ = std::min<long>(sleep_ns_ * 2, 1000000);  // at most 1 ms between polls
-    }
-  }
-
- private:
-  Clock::time_point start_, spin_end_, yield_end_;
-  long sleep_ns_ = 20000;
+      : wait::Backoff({.spin = std::chrono::nanoseconds(static_cast<long long>(spin_us * 1000)),
+                       .yield_for = std::chrono::microseconds(200)}) {}
 };
 
 // Process-wide MPI state kolo owns. Never destroyed: exit handlers and static destructors of
