@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kolo/communicator.hpp"
+#include "kolo/core/arg_checks.hpp"
 #include "kolo/core/checked_size.hpp"
 #include "kolo/core/dtype.hpp"
 #include "kolo/core/error.hpp"
@@ -123,14 +124,15 @@ kolo_result_t guard(const char* fn, Phase phase, Body&& body) noexcept {
   }
 }
 
+// The enum codes' checks and messages are kolo's (core/arg_checks.hpp), shared with the C++ API.
 bool valid_dtype(kolo_dtype_t d) {
-  const int v = static_cast<int>(d);
-  return v >= KOLO_FLOAT16 && v <= KOLO_INT64;
+  return kolo::checks::valid_dtype_code(static_cast<int>(d));
 }
 bool valid_op(kolo_op_t op) {
-  const int v = static_cast<int>(op);
-  return v >= KOLO_SUM && v <= KOLO_PRODUCT;
+  return kolo::checks::valid_op_code(static_cast<int>(op));
 }
+static_assert(KOLO_FLOAT16 == 0 && KOLO_INT64 == 7 && KOLO_SUM == 0 && KOLO_PRODUCT == 4,
+              "kolo::checks' code ranges and messages name these values");
 
 Comm& comm_of(kolo_comm_t c) {
   if (c == nullptr) throw InvalidArgument{"comm is NULL"};
@@ -145,11 +147,9 @@ void check_collective(Comm& comm, const char* fn, std::optional<kolo_dtype_t> dt
                       std::optional<kolo_op_t> op) {
   std::string why;
   if (dtype && !valid_dtype(*dtype)) {
-    why = "dtype " + std::to_string(static_cast<int>(*dtype)) +
-          " is not a kolo_dtype_t (KOLO_FLOAT16 = 0 ... KOLO_INT64 = 7)";
+    why = kolo::checks::dtype_code_problem(static_cast<int>(*dtype));
   } else if (op && !valid_op(*op)) {
-    why = "op " + std::to_string(static_cast<int>(*op)) +
-          " is not a kolo_op_t (KOLO_SUM = 0 ... KOLO_PRODUCT = 4)";
+    why = kolo::checks::op_code_problem(static_cast<int>(*op));
   }
   if (why.empty()) return;
   const std::string what =
@@ -186,8 +186,7 @@ std::string name_of(const char* name, kolo_dtype_t dtype, kolo_request_t* reques
   if (name == nullptr) throw InvalidArgument{"name is NULL"};
   if (request == nullptr) throw InvalidArgument{"request is NULL"};
   if (!valid_dtype(dtype)) {
-    throw InvalidArgument{"dtype " + std::to_string(static_cast<int>(dtype)) +
-                          " is not a kolo_dtype_t (KOLO_FLOAT16 = 0 ... KOLO_INT64 = 7)"};
+    throw InvalidArgument{kolo::checks::dtype_code_problem(static_cast<int>(dtype))};
   }
   return std::string(name);
 }
@@ -435,10 +434,7 @@ kolo_result_t kolo_engine_allreduce(kolo_engine_t engine, const char* name, cons
   return guard("kolo_engine_allreduce", Phase::call, [&] {
     Eng& e = engine_of(engine);
     std::string n = name_of(name, dtype, request);
-    if (!valid_op(op)) {
-      throw InvalidArgument{"op " + std::to_string(static_cast<int>(op)) +
-                            " is not a kolo_op_t (KOLO_SUM = 0 ... KOLO_PRODUCT = 4)"};
-    }
+    if (!valid_op(op)) throw InvalidArgument{kolo::checks::op_code_problem(static_cast<int>(op))};
     auto r = std::make_unique<kolo_request>();
     r->handle = e.allreduce_async(std::move(n), view(sendbuf, count, dtype), rop(op), 1.0, 1.0,
                                   view(recvbuf, count, dtype));
@@ -454,10 +450,7 @@ kolo_result_t kolo_engine_allreduce_coalesced(kolo_engine_t engine, const char* 
   return guard("kolo_engine_allreduce_coalesced", Phase::call, [&] {
     Eng& e = engine_of(engine);
     std::string nm = name_of(name, dtype, request);
-    if (!valid_op(op)) {
-      throw InvalidArgument{"op " + std::to_string(static_cast<int>(op)) +
-                            " is not a kolo_op_t (KOLO_SUM = 0 ... KOLO_PRODUCT = 4)"};
-    }
+    if (!valid_op(op)) throw InvalidArgument{kolo::checks::op_code_problem(static_cast<int>(op))};
     if (n == 0) throw InvalidArgument{"n is 0: a coalesced allreduce needs at least one buffer"};
     if (bufs == nullptr) throw InvalidArgument{"bufs is NULL"};
     if (counts == nullptr) throw InvalidArgument{"counts is NULL"};

@@ -1,6 +1,7 @@
 // kolo_backend.cpp — the "kolo" torch.distributed backend (see kolo_backend.hpp) and its Python
 // module kolo_torch._C. One translation unit: torch's headers are most of the build time.
 #include "kolo_backend.hpp"
+#include "torch_config.hpp"
 
 #include <torch/python.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -16,6 +17,7 @@
 #include <utility>
 
 #include <kolo/core/config.hpp>
+#include <kolo/core/wait.hpp>
 #include <kolo/topology/kv_store.hpp>
 
 #ifdef KOLO_TORCH_CUDA
@@ -323,17 +325,12 @@ std::chrono::microseconds spin_budget() {
   return us;
 }
 
-// Spins up to the budget (sched_yield between looks) until pred() holds; true if it did.
+// Spins up to the budget (sched_yield between looks) until pred() holds; true if it did. The
+// core wait policy (kolo/core/wait.hpp), a yield at every look as before; budget 0: one look.
 template <class Pred>
 bool spin_until(Pred pred) {
-  const auto budget = spin_budget();
-  if (budget.count() == 0) return pred();
-  const auto end = std::chrono::steady_clock::now() + budget;
-  do {
-    if (pred()) return true;
-    std::this_thread::yield();
-  } while (std::chrono::steady_clock::now() < end);
-  return pred();
+  thread_local kolo::wait::YieldCadence cadence(1);
+  return kolo::wait::spin_until(pred, spin_budget(), cadence);
 }
 
 void KoloWork::complete(std::exception_ptr error) {
@@ -467,7 +464,7 @@ bool KoloWork::wait(std::chrono::milliseconds timeout) {
 
 namespace {
 std::chrono::milliseconds effective_timeout(std::chrono::milliseconds torch_timeout) {
-  if (kolo::config::detail::raw(kolo::process_env(), kolo::config::vars::timeout_seconds)) {
+  if (kolo::config::is_set(kolo::process_env(), kolo::config::vars::timeout_seconds)) {
     return std::chrono::milliseconds(0);  // kolo's own knob wins (read by Topology::for_rank)
   }
   return torch_timeout;
@@ -515,15 +512,14 @@ class CudaPath {
       if (const auto t = effective_timeout(timeout_); t.count() > 0) {
         topo.timeout_seconds = static_cast<double>(t.count()) / 1000.0;
       }
-      // Read before the rendezvous, as the Communicator does: a bad value fails every rank.
-      const kolo::RouteMode mode = kolo::route_mode_from_env();
-      const kolo::MeshOptions mesh = kolo::MeshOptions::from_env();
-      kolo::CudaOptions cuda = kolo::CudaOptions::from_env();
-      cuda.device = device;  // the tensor's device, whatever KOLO_CUDA_DEVICE says
-      boot_ = std::make_unique<kolo::Bootstrap>(
-          std::move(topo), std::make_shared<C10dKvStore>(store_), "kolo-nccl/");
-      auto transport = std::make_unique<kolo::NcclTransport>(*boot_, mode, mesh, cuda);
-      comm_ = std::make_unique<Nccl>(std::move(transport));
+      // The transport's options read before the rendezvous, as the Communicator does (a bad
+      // value fails every rank), and handed to it: the Communicator bootstraps, connects and
+      // sets up its selection (routes, host groups, the tuning probe) as for host tensors.
+      kolo::NcclTransport::Options topts =
+          kolo::NcclTransport::Options::from_env(kolo::process_env());
+      topts.cuda.device = device;  // the tensor's device, whatever KOLO_CUDA_DEVICE says
+      comm_ = std::make_unique<Nccl>(std::move(topo), std::make_shared<C10dKvStore>(store_),
+                                     "kolo-nccl/", topts);
       device_ = device;
       live_.store(comm_.get(), std::memory_order_release);
     } catch (const std::exception& e) {
@@ -553,7 +549,6 @@ class CudaPath {
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
-  std::unique_ptr<kolo::Bootstrap> boot_;
   std::unique_ptr<Nccl> comm_;
   std::atomic<Nccl*> live_{nullptr};
   int device_ = -1;

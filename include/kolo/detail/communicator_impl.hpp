@@ -1,4 +1,4 @@
-// kolo/detail/communicator_impl.hpp — CommunicatorOptions' definitions (communicator.hpp):
+// kolo/detail/communicator_impl.hpp — CommunicatorOptions' definitions (communicator/options.hpp):
 // reading KOLO_SEGMENT_BYTES, KOLO_ROOTED_AGREEMENT, KOLO_TUNING and the per-collective algorithm
 // rules.
 //
@@ -10,8 +10,9 @@
 #include <string>
 #include <type_traits>
 
-#include "kolo/communicator.hpp"
+#include "kolo/communicator/options.hpp"
 #include "kolo/core/compiled_core.hpp"
+#include "kolo/core/config.hpp"
 
 namespace kolo {
 
@@ -43,11 +44,7 @@ KOLO_IMPL_INLINE void CommunicatorOptions::read_algorithm_rules(const EnvLookup&
     const config::Var* decl = config::find_var(var);  // every one is in the table
     if (auto v = config::get_text(env, *decl)) rules = SizeRules<Algo>::parse(var, *v);
   };
-  read(o.allreduce_rules);
-  read(o.broadcast_rules);
-  read(o.allgather_rules);
-  read(o.reduce_scatter_rules);
-  read(o.alltoall_rules);
+  o.for_each_rules(read);
 }
 
 KOLO_IMPL_INLINE SizeRules<AllreduceAlgorithm> CommunicatorOptions::effective_allreduce_rules()

@@ -1,0 +1,96 @@
+// kolo/communicator/options.hpp — CommunicatorOptions: a communicator's settings (segment and
+// zero-copy sizes, the rooted agreement, the per-collective algorithm rules, the tuning source),
+// read once from KOLO_* (definitions: detail/communicator_impl.hpp).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+
+#include "kolo/algorithm/entry.hpp"
+#include "kolo/algorithm/selector.hpp"
+#include "kolo/algorithm/tuning_probe.hpp"
+#include "kolo/core/env.hpp"
+
+namespace kolo {
+
+namespace detail {
+// T::Options, the transport's own options (transport.hpp, Connectable), or an empty type for a
+// transport without them (the Communicator's constructors that take them then do not apply).
+struct NoTransportOptions {};
+template <class T>
+struct TransportOptionsOf {
+  using type = NoTransportOptions;
+};
+template <class T>
+requires requires {
+  typename T::Options;
+}
+struct TransportOptionsOf<T> {
+  using type = typename T::Options;
+};
+}  // namespace detail
+template <class T>
+using TransportOptions = typename detail::TransportOptionsOf<T>::type;
+
+struct CommunicatorOptions {
+  std::size_t segment_bytes = 256 * 1024;
+  // Allreduces of at least this many bytes on Buffers the local peers map (allocate()) read
+  // them in place (KOLO_ZERO_COPY_BYTES); below, three barriers cost more than the copies save.
+  std::size_t zero_copy_bytes = 256 * 1024;
+  // The hierarchical allreduce (several hosts) cuts a tensor of at least twice this many bytes
+  // into chunks of about this size and overlaps each chunk's ring across hosts with the rings
+  // inside the host of its neighbours (KOLO_HIERARCHICAL_CHUNK_BYTES; 0: no chunks). Every rank
+  // must use the same value.
+  std::size_t hierarchical_chunk_bytes = 4 << 20;
+  // Broadcast, scatter, gather and the tree reduce begin with a zero-byte barrier, so that a
+  // call refused on one rank fails on every rank, the root's included (KOLO_ROOTED_AGREEMENT;
+  // false: a root or sender returns once its part is done, and a peer's error of that call
+  // reaches it at its next call). The same on every rank.
+  bool rooted_agreement = true;
+  // Deprecated (KOLO_SMALL_ALLREDUCE_BYTES): recursive doubling up to this many bytes, ring
+  // above — the fixed rule the Selector replaced. Ignored when allreduce_rules are given.
+  std::optional<std::size_t> small_allreduce_bytes;
+  // Per-size-range overrides of the Selector, one per collective (KOLO_ALLREDUCE,
+  // KOLO_BROADCAST, KOLO_ALLGATHER, KOLO_REDUCE_SCATTER, KOLO_ALLTOALL); empty: the cost model
+  // decides. Grammar and names: algorithm/selector.hpp.
+  SizeRules<AllreduceAlgorithm> allreduce_rules;
+  SizeRules<BroadcastAlgorithm> broadcast_rules;
+  SizeRules<AllgatherAlgorithm> allgather_rules;
+  SizeRules<ReduceScatterAlgorithm> reduce_scatter_rules;
+  SizeRules<AlltoallAlgorithm> alltoall_rules;
+  // Where the Selector's constants come from (KOLO_TUNING=probe|default|file:PATH); unset: probe
+  // for transports that report their routes (shm, tcp, routed), built-in defaults otherwise.
+  std::optional<TuningSource> tuning;
+
+  static CommunicatorOptions from_env(const EnvLookup& env = process_env());
+
+  // KOLO_<COLLECTIVE> for every collective with a registry, in one place. Set but empty means
+  // unset, as for KOLO_TRANSPORT.
+  static void read_algorithm_rules(const EnvLookup& env, CommunicatorOptions& o);
+
+  // The allreduce rules in effect: explicit rules, else the deprecated threshold, else none.
+  SizeRules<AllreduceAlgorithm> effective_allreduce_rules() const;
+
+  // Calls f(rules) for each collective's rules above: the one list that reading them
+  // (read_algorithm_rules) and handing them to the Selector (communicator/setup.hpp) walk.
+  template <class F>
+  void for_each_rules(F&& f) {
+    visit_rules(*this, f);
+  }
+  template <class F>
+  void for_each_rules(F&& f) const {
+    visit_rules(*this, f);
+  }
+
+ private:
+  template <class Self, class F>
+  static void visit_rules(Self& o, F& f) {
+    f(o.allreduce_rules);
+    f(o.broadcast_rules);
+    f(o.allgather_rules);
+    f(o.reduce_scatter_rules);
+    f(o.alltoall_rules);
+  }
+};
+
+}  // namespace kolo
