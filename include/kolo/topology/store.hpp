@@ -8,7 +8,8 @@
 //
 // The parts, one job each:
 //   store/protocol.hpp  the wire format: framing, request/reply encoding and decoding (pure)
-//   store/server.hpp    StoreServer: the poll loop, handshakes, parked waiters
+//   store/server.hpp    StoreServer: the poll loop, timers, requests, parked waiters
+//   store/server_conn.hpp  its connections: accepting, handshakes, reads, writes, framing
 //   store/client.hpp    StoreClient: the KvStore over one connection
 // The wire protocol itself is described in store/protocol.hpp.
 #pragma once
