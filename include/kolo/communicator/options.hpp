@@ -1,6 +1,7 @@
 // kolo/communicator/options.hpp — CommunicatorOptions: a communicator's settings (segment and
 // zero-copy sizes, the rooted agreement, the per-collective algorithm rules, the tuning source),
-// read once from KOLO_* (definitions: detail/communicator_impl.hpp).
+// read once from KOLO_* (definitions: detail/communicator_impl.hpp), and the name of the
+// transport's own options a constructor may take (TransportOptions<T>).
 #pragma once
 
 #include <cstddef>
