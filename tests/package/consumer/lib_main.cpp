@@ -18,9 +18,8 @@
 #ifndef KOLO_CONSUMER_MODE
 #define KOLO_CONSUMER_MODE "unknown"
 #endif
-#ifndef KOLO_CONSUMER_LINK
-#define KOLO_CONSUMER_LINK "unknown"
-#endif
+// link_name.cpp of the program: kolo_lib or kolo_lib_shared (this file compiles once for both).
+extern const char* const kolo_consumer_link;
 
 int main() {
   auto comm = std::getenv("KOLO_SIZE") != nullptr
@@ -48,6 +47,6 @@ int main() {
     return 1;
   }
   std::printf("kolo lib consumer (%s, %s): rank %d/%d ok, sum %g\n", KOLO_CONSUMER_MODE,
-              KOLO_CONSUMER_LINK, r, n, static_cast<double>(grad[0]));
+              kolo_consumer_link, r, n, static_cast<double>(grad[0]));
   return 0;
 }
