@@ -63,7 +63,8 @@
 // The parts, one job each (transport/mpi/):
 //   runtime.hpp    MPI's process-wide state kolo owns, MpiOptions, the backoff
 //   wire.hpp       the message header, control message and kolo-owned buffers
-//   transport.hpp  MpiTransport: point-to-point, progress, completion
+//   transport.hpp  MpiTransport: construction, topology, the posting/completion API
+//   progress.hpp   how it posts, progresses and delivers messages
 //   control.hpp    its control channel: abort, goodbye, departed peers
 //   native.hpp     MpiNativeTransport: MPI's own collectives
 #pragma once
