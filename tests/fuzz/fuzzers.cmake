@@ -6,6 +6,7 @@
 # current directory.
 set(KOLO_FUZZ_NAMES env store mesh_frames shm_slots)
 list(APPEND KOLO_FUZZ_NAMES store_protocol)  # the store protocol alone (store/protocol.hpp)
+list(APPEND KOLO_FUZZ_NAMES negotiator)  # the engine's negotiation (engine/detail/negotiator.hpp)
 set(_KOLO_FUZZ_DIR ${CMAKE_CURRENT_LIST_DIR})
 
 function(kolo_add_fuzzers include_dir)
