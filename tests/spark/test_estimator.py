@@ -369,7 +369,9 @@ def no_ranks(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("ranks were started")
 
-    monkeypatch.setattr(kt, "_run_ranks", refuse)
+    import kolo_spark.torch_estimator  # where TorchEstimator calls it
+
+    monkeypatch.setattr(kolo_spark.torch_estimator, "_run_ranks", refuse)
 
 
 def test_bad_dataframes_fail_before_any_rank_starts(spark, regression_df, tmp_path, no_ranks):
@@ -421,6 +423,10 @@ def test_model_save_load_round_trip(spark, fitted, spiral_df, tmp_path):
     finally:
         model.setOutputCols(["prediction"])
     assert isinstance(loaded, TorchModel) and loaded.uid == model.uid
+    # The class path in Spark ML's metadata is the public one, as before the estimator was
+    # split into modules: models saved by either layout load with the other.
+    meta = json.loads(spark.sparkContext.textFile(f"{path}/metadata").first())
+    assert meta["class"] == "kolo_spark.torch.TorchModel"
     assert loaded.getOutputCols() == ["logits"]
     assert loaded.getFeatureCols() == ["xy"] and loaded.getLabelCols() == ["label"]
     assert loaded.history == model.history

@@ -36,8 +36,11 @@ def test_wheel_builds(tmp_path):
     [wheel] = [f for f in os.listdir(out) if f.endswith(".whl")]
     assert wheel.startswith("kolo_spark-0.2.0-")
     names = zipfile.ZipFile(out / wheel).namelist()
-    for module in ("__init__", "driver", "task", "topology", "process", "data", "liveness",
-                   "errors", "supervisor", "fnrank", "timeline", "rank", "runners"):
+    for module in ("__init__", "driver", "api", "preflight", "results", "spark_job", "local_job",
+                   "task", "topology", "process", "data", "liveness", "errors", "supervisor",
+                   "fnrank", "timeline", "rank", "runners", "torch", "torch_params",
+                   "torch_schema", "torch_dataset", "torch_estimator", "torch_model",
+                   "torch_remote", "store"):
         assert f"kolo_spark/{module}.py" in names
 
     # ... and installs: the installed package imports without the source tree.
