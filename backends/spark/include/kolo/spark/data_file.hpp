@@ -51,6 +51,7 @@
 #include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
 #include "kolo/core/error.hpp"
+#include "kolo/spark/spark_config.hpp"
 
 namespace kolo::spark {
 
@@ -593,28 +594,28 @@ inline DataShard load_data_shard(const EnvLookup& env = process_env()) {
     throw ConfigError(
         "KOLO_DATA_FILE is not set: start the program with kolo_spark.run(..., df=DataFrame)");
   }
-  std::string format = config::get_text(env, config::vars::data_format).value_or("");
-  if (format.empty()) {
-    format = path->ends_with(".f64") ? "f64" : path->ends_with(".bin") ? "bin" : "csv";
-  }
+  // Unset or empty: the file's suffix. A value not declared is the table's ConfigError
+  // ("KOLO_DATA_FORMAT=parquet is not csv, f64 or bin").
+  const ShardFormat format = config::get_choice<ShardFormat>(env, config::vars::data_format)
+                                 .value_or(path->ends_with(".f64")   ? ShardFormat::f64
+                                           : path->ends_with(".bin") ? ShardFormat::bin
+                                                                     : ShardFormat::csv);
   std::vector<std::string> names;
   if (auto c = config::get_text(env, config::vars::data_columns)) names = detail::split_commas(*c);
   DataShard shard;
-  if (format == "f64") {
+  if (format == ShardFormat::f64) {
     shard = read_f64(*path);
     // A column name holding a comma makes the list ambiguous: then the names stay c0, c1, ...
     if (names.size() == shard.cols()) {
       for (std::size_t i = 0; i < names.size(); ++i) shard.fields[i].name = names[i];
       detail::layout(shard);
     }
-  } else if (format == "bin") {
+  } else if (format == ShardFormat::bin) {
     shard = read_bin(*path);
-  } else if (format == "csv") {
+  } else {
     std::vector<std::string> types;
     if (auto t = config::get_text(env, config::vars::data_types)) types = detail::split_commas(*t);
     shard = read_csv_shard(*path, types);
-  } else {
-    throw ConfigError("KOLO_DATA_FORMAT=" + format + " is not csv, f64 or bin");
   }
   if (auto expect = config::get_int(env, config::vars::data_rows)) {
     if (*expect != static_cast<long long>(shard.rows)) {
