@@ -9,6 +9,7 @@
 
 #include <cstring>
 
+#include <kolo/algorithm/allreduce_halving_doubling.hpp>
 #include <kolo/algorithm/ring_allreduce_wire.hpp>
 #include <kolo/kolo.hpp>
 #include <kolo/transport/transport_ref.hpp>

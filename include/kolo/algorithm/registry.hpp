@@ -2,11 +2,12 @@
 //
 // An entry (algorithm/entry.hpp) is a name and aliases, an applicability test, a cost function
 // and an entry point; the Selector (selector.hpp) runs the override for the size when there is
-// one, else the cheapest applicable entry. The built-ins are listed below, one line each, in the
-// order of their enumerators (AllreduceAlgorithm::ring is entry 0 ...). Adding an algorithm:
+// one, else the cheapest applicable entry. The built-ins are listed in detail/registry_impl.hpp,
+// one line each, in the order of their enumerators (AllreduceAlgorithm::ring is entry 0 ...).
+// Adding an algorithm:
 //   1. a header under algorithm/ with the function and `inline AlgorithmEntry<...> x_algorithm()`
 //      (name, aliases, cost, run; see ring_allreduce.hpp for the shortest one),
-//   2. its line in builtin_algorithms<...>() below (and its #include).
+//   2. its line in builtin_algorithms<...>() in detail/registry_impl.hpp (and its #include).
 // It is then selectable by name in KOLO_<COLLECTIVE>, costed by the model, listed by
 // `algorithm_entries<...>()` and run by every test that iterates the registry
 // (tests/inproc). Code outside kolo adds one at run time with register_algorithm() before it
@@ -21,18 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "kolo/algorithm/allreduce_direct.hpp"
-#include "kolo/algorithm/allreduce_double_tree.hpp"
-#include "kolo/algorithm/allreduce_halving_doubling.hpp"
-#include "kolo/algorithm/allreduce_hierarchical.hpp"
-#include "kolo/algorithm/allreduce_recursive_doubling.hpp"
-#include "kolo/algorithm/alltoall_pairwise.hpp"
-#include "kolo/algorithm/broadcast_binomial.hpp"
-#include "kolo/algorithm/broadcast_chain.hpp"
 #include "kolo/algorithm/entry.hpp"
-#include "kolo/algorithm/ring_allgather.hpp"
-#include "kolo/algorithm/ring_allreduce.hpp"
-#include "kolo/algorithm/ring_reduce_scatter.hpp"
 #include "kolo/core/compiled_core.hpp"
 #include "kolo/core/error.hpp"
 
@@ -43,43 +33,24 @@ namespace kolo {
 template <AlgorithmId Algo>
 std::vector<AlgorithmEntry<Algo>> builtin_algorithms();
 
+// The lists, one per collective, are in detail/registry_impl.hpp with the algorithms' headers
+// (header-only, this file includes it; with the compiled core only the library does, so a
+// user's file parses no algorithm it does not call itself).
 template <>
-inline std::vector<AlgorithmEntry<AllreduceAlgorithm>> builtin_algorithms<AllreduceAlgorithm>() {
-  return {
-      ring_allreduce_algorithm(),                // AllreduceAlgorithm::ring
-      double_tree_allreduce_algorithm(),         // ::tree
-      halving_doubling_allreduce_algorithm(),    // ::halving_doubling
-      recursive_doubling_allreduce_algorithm(),  // ::recursive_doubling
-      hierarchical_allreduce_algorithm(),        // ::hierarchical
-      direct_allreduce_algorithm(),              // ::direct
-  };
-}
+KOLO_IMPL_INLINE std::vector<AlgorithmEntry<AllreduceAlgorithm>>
+builtin_algorithms<AllreduceAlgorithm>();
 template <>
-inline std::vector<AlgorithmEntry<BroadcastAlgorithm>> builtin_algorithms<BroadcastAlgorithm>() {
-  return {
-      chain_broadcast_algorithm(),     // BroadcastAlgorithm::chain
-      binomial_broadcast_algorithm(),  // ::binomial
-  };
-}
+KOLO_IMPL_INLINE std::vector<AlgorithmEntry<BroadcastAlgorithm>>
+builtin_algorithms<BroadcastAlgorithm>();
 template <>
-inline std::vector<AlgorithmEntry<AllgatherAlgorithm>> builtin_algorithms<AllgatherAlgorithm>() {
-  return {
-      ring_allgather_algorithm(),  // AllgatherAlgorithm::ring
-  };
-}
+KOLO_IMPL_INLINE std::vector<AlgorithmEntry<AllgatherAlgorithm>>
+builtin_algorithms<AllgatherAlgorithm>();
 template <>
-inline std::vector<AlgorithmEntry<ReduceScatterAlgorithm>>
-builtin_algorithms<ReduceScatterAlgorithm>() {
-  return {
-      ring_reduce_scatter_algorithm(),  // ReduceScatterAlgorithm::ring
-  };
-}
+KOLO_IMPL_INLINE std::vector<AlgorithmEntry<ReduceScatterAlgorithm>>
+builtin_algorithms<ReduceScatterAlgorithm>();
 template <>
-inline std::vector<AlgorithmEntry<AlltoallAlgorithm>> builtin_algorithms<AlltoallAlgorithm>() {
-  return {
-      pairwise_alltoall_algorithm(),  // AlltoallAlgorithm::pairwise
-  };
-}
+KOLO_IMPL_INLINE std::vector<AlgorithmEntry<AlltoallAlgorithm>>
+builtin_algorithms<AlltoallAlgorithm>();
 
 // ---------------------------------------------------------------- the registry
 

@@ -328,11 +328,7 @@ class Selector {
 
   // The double tree's segment for a tree carrying `half_bytes` (identical on every rank: the
   // constants are rank 0's). `cross`: for the cross-host step of a hierarchical allreduce.
-  std::size_t tree_segment(std::size_t half_bytes, bool cross = false) const {
-    const LinkCost l = cross ? shape_.inter : shape_.flat;
-    return double_tree_segment(half_bytes, cross ? shape_.hosts : shape_.size,
-                               l.alpha / std::max(l.beta, 1e-15), segment_bytes_);
-  }
+  KOLO_IMPL_INLINE std::size_t tree_segment(std::size_t half_bytes, bool cross = false) const;
 
   std::string describe() const;
 

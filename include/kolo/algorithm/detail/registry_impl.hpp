@@ -1,5 +1,6 @@
-// kolo/algorithm/detail/registry_impl.hpp — the algorithm registry's work on names
-// (algorithm/registry.hpp): lookups, the list of valid names, the checks of a new entry.
+// kolo/algorithm/detail/registry_impl.hpp — the algorithm registry's definitions
+// (algorithm/registry.hpp): the built-in lists, lookups, the list of valid names, the checks of
+// a new entry.
 //
 // The same for every collective, so compiled once rather than once per collective: header-only,
 // registry.hpp includes this file; with the compiled core only the library does
@@ -10,9 +11,68 @@
 #include <string_view>
 #include <vector>
 
+#include "kolo/algorithm/allreduce_direct.hpp"
+#include "kolo/algorithm/allreduce_double_tree.hpp"
+#include "kolo/algorithm/allreduce_halving_doubling.hpp"
+#include "kolo/algorithm/allreduce_hierarchical.hpp"
+#include "kolo/algorithm/allreduce_recursive_doubling.hpp"
+#include "kolo/algorithm/alltoall_pairwise.hpp"
+#include "kolo/algorithm/broadcast_binomial.hpp"
+#include "kolo/algorithm/broadcast_chain.hpp"
 #include "kolo/algorithm/registry.hpp"
+#include "kolo/algorithm/ring_allgather.hpp"
+#include "kolo/algorithm/ring_allreduce.hpp"
+#include "kolo/algorithm/ring_reduce_scatter.hpp"
 #include "kolo/core/compiled_core.hpp"
 #include "kolo/core/error.hpp"
+
+namespace kolo {
+
+// ---------------------------------------------------------------- the built-ins
+
+template <>
+KOLO_IMPL_INLINE std::vector<AlgorithmEntry<AllreduceAlgorithm>>
+builtin_algorithms<AllreduceAlgorithm>() {
+  return {
+      ring_allreduce_algorithm(),                // AllreduceAlgorithm::ring
+      double_tree_allreduce_algorithm(),         // ::tree
+      halving_doubling_allreduce_algorithm(),    // ::halving_doubling
+      recursive_doubling_allreduce_algorithm(),  // ::recursive_doubling
+      hierarchical_allreduce_algorithm(),        // ::hierarchical
+      direct_allreduce_algorithm(),              // ::direct
+  };
+}
+template <>
+KOLO_IMPL_INLINE std::vector<AlgorithmEntry<BroadcastAlgorithm>>
+builtin_algorithms<BroadcastAlgorithm>() {
+  return {
+      chain_broadcast_algorithm(),     // BroadcastAlgorithm::chain
+      binomial_broadcast_algorithm(),  // ::binomial
+  };
+}
+template <>
+KOLO_IMPL_INLINE std::vector<AlgorithmEntry<AllgatherAlgorithm>>
+builtin_algorithms<AllgatherAlgorithm>() {
+  return {
+      ring_allgather_algorithm(),  // AllgatherAlgorithm::ring
+  };
+}
+template <>
+KOLO_IMPL_INLINE std::vector<AlgorithmEntry<ReduceScatterAlgorithm>>
+builtin_algorithms<ReduceScatterAlgorithm>() {
+  return {
+      ring_reduce_scatter_algorithm(),  // ReduceScatterAlgorithm::ring
+  };
+}
+template <>
+KOLO_IMPL_INLINE std::vector<AlgorithmEntry<AlltoallAlgorithm>>
+builtin_algorithms<AlltoallAlgorithm>() {
+  return {
+      pairwise_alltoall_algorithm(),  // AlltoallAlgorithm::pairwise
+  };
+}
+
+}  // namespace kolo
 
 namespace kolo::detail {
 

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kolo/algorithm/allreduce_double_tree.hpp"
 #include "kolo/algorithm/selector.hpp"
 #include "kolo/core/compiled_core.hpp"
 #include "kolo/core/error.hpp"
@@ -236,6 +237,12 @@ KOLO_IMPL_INLINE void Selector::set_allreduce_rules(std::string_view spec) {
 
 KOLO_IMPL_INLINE void Selector::set_broadcast_rules(std::string_view spec) {
   set_rules<BroadcastAlgorithm>(spec);
+}
+
+KOLO_IMPL_INLINE std::size_t Selector::tree_segment(std::size_t half_bytes, bool cross) const {
+  const LinkCost l = cross ? shape_.inter : shape_.flat;
+  return double_tree_segment(half_bytes, cross ? shape_.hosts : shape_.size,
+                             l.alpha / std::max(l.beta, 1e-15), segment_bytes_);
 }
 
 KOLO_IMPL_INLINE void Selector::clear_overrides() {
