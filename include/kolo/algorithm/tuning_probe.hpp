@@ -39,6 +39,7 @@
 
 #include "kolo/algorithm/broadcast_binomial.hpp"
 #include "kolo/algorithm/options.hpp"
+#include "kolo/algorithm/selection_config.hpp"
 #include "kolo/algorithm/selector.hpp"
 #include "kolo/core/config.hpp"
 #include "kolo/core/env.hpp"
@@ -49,25 +50,19 @@
 namespace kolo {
 
 struct TuningSource {
-  enum class Kind : std::uint8_t { probe, defaults, file };
+  using Kind = TuningKind;  // declared with its values in selection_config.hpp
   Kind kind = Kind::probe;
   std::string path;  // file
 
-  // "probe", "default", "file:PATH"; anything else is a ConfigError naming `var`.
+  // "probe", "default", "file:PATH" (the table's KOLO_TUNING choices); anything else is a
+  // ConfigError naming `var`.
   static TuningSource parse(std::string_view value, std::string_view var = "KOLO_TUNING") {
-    const std::string v(detail::trim(value));
+    config::Var decl = config::vars::tuning;
+    decl.name = var;
+    auto chosen = config::parse_choice_arg<Kind>(decl, value);
     TuningSource s;
-    if (v == "probe") {
-      s.kind = Kind::probe;
-    } else if (v == "default" || v == "defaults") {
-      s.kind = Kind::defaults;
-    } else if (v.rfind("file:", 0) == 0 && v.size() > 5) {
-      s.kind = Kind::file;
-      s.path = v.substr(5);
-    } else {
-      throw ConfigError(std::string(var) + "=" + std::string(value) +
-                        " is not one of probe, default, file:PATH");
-    }
+    s.kind = chosen.value;
+    s.path = std::move(chosen.argument);
     return s;
   }
 

@@ -30,12 +30,6 @@
 #include "kolo/core/core_config.hpp"
 #include "kolo/engine/engine_config.hpp"
 #include "kolo/transport/transport_config.hpp"
-// Until backends/spark/include/kolo/spark/data_file.hpp includes its layer's declarations itself
-// (where backends/spark/include is on the include path; a program compiled with include/ alone
-// has no kolo/spark/).
-#if __has_include("kolo/spark/spark_config.hpp")
-#include "kolo/spark/spark_config.hpp"
-#endif
 
 namespace kolo::config {
 
