@@ -278,6 +278,29 @@ class Executors {
     }
   }
 
+  // Completes a batch that ran through a fusion buffer of `wire` elements, counted as one fused
+  // collective: on each tensor's timeline track QUEUE until `t_pack`, `pack` until `t_coll`,
+  // ALLREDUCE until `t_unpack` and `unpack` until `t_end`, with its bytes on the wire.
+  void complete_fused(const std::vector<Response>& responses, std::span<const std::size_t> batch,
+                      DataType wire, const char* pack, const char* unpack, clock::time_point tq,
+                      clock::time_point t_pack, clock::time_point t_coll,
+                      clock::time_point t_unpack, clock::time_point t_end) {
+    bump_([](EngineStats& s) { ++s.fused_collectives; });
+    const std::size_t wes = dtype_size(wire);
+    for (std::size_t j : batch) {
+      const Response& r = responses[j];
+      if (timeline_.enabled()) {
+        const std::size_t b = r.p->count * wes;
+        const int tr = q_.track_of(r, timeline_);
+        timeline_.record(tr, "QUEUE", tq, t_pack, wire, b);
+        timeline_.record(tr, pack, t_pack, t_coll, wire, b);
+        timeline_.record(tr, "ALLREDUCE", t_coll, t_unpack, wire, b);
+        timeline_.record(tr, unpack, t_unpack, t_end, wire, b);
+      }
+      q_.complete(r, nullptr);
+    }
+  }
+
   // The local tensor for a response, or a zero tensor when this rank has joined.
   TensorView local_input(const Response& r) {
     if (r.local) return r.local->in;
@@ -499,19 +522,8 @@ class Executors {
     if (comm_.last_allreduce_zero_copy()) bump_([](EngineStats& s) { ++s.zero_copy_collectives; });
     const auto t_end = clock::now();
     const auto t_unpack = u.first == clock::time_point{} ? t_end : u.first;
-    bump_([](EngineStats& s) { ++s.fused_collectives; });
-    for (std::size_t j : batch) {
-      const Response& r = responses[j];
-      if (timeline_.enabled()) {
-        const std::size_t b = r.p->count * es;
-        const int tr = q_.track_of(r, timeline_);
-        timeline_.record(tr, "QUEUE", tq, t_pack, p.dtype, b);
-        timeline_.record(tr, "PACK", t_pack, t_coll, p.dtype, b);
-        timeline_.record(tr, "ALLREDUCE", t_coll, t_unpack, p.dtype, b);
-        timeline_.record(tr, "UNPACK", t_unpack, t_end, p.dtype, b);
-      }
-      q_.complete(r, nullptr);
-    }
+    complete_fused(responses, batch, p.dtype, "PACK", "UNPACK", tq, t_pack, t_coll, t_unpack,
+                   t_end);
   }
 
   // Float32 gradients on a 16-bit wire: compress while packing (with the prescale), reduce on
@@ -573,19 +585,8 @@ class Executors {
                    r.local->out.count, post);
     }
     const auto t_end = clock::now();
-    bump_([](EngineStats& s) { ++s.fused_collectives; });
-    for (std::size_t j : batch) {
-      const Response& r = responses[j];
-      if (timeline_.enabled()) {
-        const std::size_t b = r.p->count * wes;
-        const int tr = q_.track_of(r, timeline_);
-        timeline_.record(tr, "QUEUE", tq, t_pack, c.wire, b);
-        timeline_.record(tr, "PACK_COMPRESS", t_pack, t_coll, c.wire, b);
-        timeline_.record(tr, "ALLREDUCE", t_coll, t_unpack, c.wire, b);
-        timeline_.record(tr, "UNPACK_DECOMPRESS", t_unpack, t_end, c.wire, b);
-      }
-      q_.complete(r, nullptr);
-    }
+    complete_fused(responses, batch, c.wire, "PACK_COMPRESS", "UNPACK_DECOMPRESS", tq, t_pack,
+                   t_coll, t_unpack, t_end);
   }
 
   // Device tensors: one pack launch into the device fusion buffer (compressing and prescaling),
@@ -656,19 +657,9 @@ class Executors {
                       divisor);
       t.device_synchronize(Deadline::after(t.timeout_seconds()), "the fusion unpack");
       const auto t_end = clock::now();
-      bump_([](EngineStats& s) { ++s.fused_collectives; });
-      for (std::size_t j : batch) {
-        const Response& r = responses[j];
-        if (timeline_.enabled()) {
-          const std::size_t b = r.p->count * dtype_size(wire);
-          const int tr = q_.track_of(r, timeline_);
-          timeline_.record(tr, "QUEUE", tq, t_pack, wire, b);
-          timeline_.record(tr, compress ? "PACK_COMPRESS" : "PACK", t_pack, t_coll, wire, b);
-          timeline_.record(tr, "ALLREDUCE", t_coll, t_unpack, wire, b);
-          timeline_.record(tr, compress ? "UNPACK_DECOMPRESS" : "UNPACK", t_unpack, t_end, wire, b);
-        }
-        q_.complete(r, nullptr);
-      }
+      complete_fused(responses, batch, wire, compress ? "PACK_COMPRESS" : "PACK",
+                     compress ? "UNPACK_DECOMPRESS" : "UNPACK", tq, t_pack, t_coll, t_unpack,
+                     t_end);
     } else {
       (void)responses;
       (void)batch;
