@@ -48,6 +48,7 @@
 #include "kolo/transport/mesh/shm_channel.hpp"
 #include "kolo/transport/mesh/tcp_channel.hpp"
 #include "kolo/transport/op_pool.hpp"
+#include "kolo/transport/pool_completion.hpp"
 #include "kolo/transport/route.hpp"
 #include "kolo/transport/transport.hpp"
 #include "kolo/transport/transport_config.hpp"
@@ -82,7 +83,7 @@ struct MeshOptions {
   }
 };
 
-class MeshTransport {
+class MeshTransport : public detail::PoolCompletion<MeshTransport> {
  public:
   using Request = detail::OpHandle;
 
@@ -186,30 +187,7 @@ class MeshTransport {
 
   // ---------------- completion ----------------
 
-  bool done(Request r) const { return pool_.done(r); }
-
-  bool test(Request r) {
-    if (done(r)) return true;
-    progress();
-    return done(r);
-  }
-
-  void wait(Request r, const Deadline& dl) {
-    while (!done(r)) block(dl);
-  }
-
-  template <class Range>
-  void wait_all(const Range& reqs, const Deadline& dl) {
-    for (const Request& r : reqs) wait(r, dl);
-  }
-
-  // Blocks until at least one operation has completed since this last returned (or none is
-  // pending). "Since this last returned", not "from now": an operation may complete inside an
-  // isend/irecv call (eager progress), and a caller that then waits must not miss it.
-  void wait_any_progress(const Deadline& dl) {
-    if (!pool_.completed_since_seen()) block(dl);
-    pool_.mark_seen();
-  }
+  // done, test, wait, wait_all, wait_any_progress: detail::PoolCompletion (pool_completion.hpp).
 
   // ---------------- errors ----------------
 
@@ -283,6 +261,7 @@ class MeshTransport {
   }
 
  private:
+  friend class detail::PoolCompletion<MeshTransport>;  // reaches pool_, progress() and block()
   friend class detail::PollLoop;  // the waiting calls progress() and the hooks below
 
   // One peer: how it is reached (set-up's PeerLink) and its operations, oldest first.

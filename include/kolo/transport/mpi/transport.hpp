@@ -36,10 +36,11 @@
 #include "kolo/transport/mpi/runtime.hpp"
 #include "kolo/transport/mpi/wire.hpp"
 #include "kolo/transport/op_pool.hpp"
+#include "kolo/transport/pool_completion.hpp"
 
 namespace kolo {
 
-class MpiTransport {
+class MpiTransport : public detail::PoolCompletion<MpiTransport> {
  public:
   using Request = detail::OpHandle;
 
@@ -162,28 +163,7 @@ class MpiTransport {
 
   // ---------------- completion ----------------
 
-  bool done(Request r) const { return pool_.done(r); }
-
-  bool test(Request r) {
-    if (done(r)) return true;
-    progress();
-    return done(r);
-  }
-
-  void wait(Request r, const Deadline& dl) {
-    while (!done(r)) block(dl);
-  }
-
-  template <class Range>
-  void wait_all(const Range& reqs, const Deadline& dl) {
-    for (const Request& r : reqs) wait(r, dl);
-  }
-
-  // Blocks until an operation has completed since this last returned (or none is pending).
-  void wait_any_progress(const Deadline& dl) {
-    if (!pool_.completed_since_seen()) block(dl);
-    pool_.mark_seen();
-  }
+  // done, test, wait, wait_all, wait_any_progress: detail::PoolCompletion (pool_completion.hpp).
 
   // ---------------- errors ----------------
 
@@ -234,6 +214,7 @@ class MpiTransport {
   std::shared_ptr<detail::mpi::NativeBuffers> nb_ = std::make_shared<detail::mpi::NativeBuffers>();
 
  private:
+  friend class detail::PoolCompletion<MpiTransport>;  // reaches pool_, progress() and block()
   struct Peer {
     detail::OpQueue sendq, recvq;
     std::uint64_t sent = 0;      // messages posted to this peer
