@@ -18,9 +18,10 @@
 //   transport/mesh/frame_codec.hpp  the TCP wire format: a pure encoder/decoder (fuzzed on bytes)
 //   transport/mesh/tcp_channel.hpp  the socket calls under the codec, one peer
 //   transport/mesh/poll_loop.hpp  spinning, then one poll() on everything
-// This file is what remains: posting and completion, progress over every peer's route, and
-// errors — a failure anywhere aborts the transport and reaches every peer (the shared-memory
-// peers through their control block, the TCP peers as an ABORT frame) as the same exception.
+//   transport/pool_completion.hpp  the completion calls (test, wait...), shared with MPI
+// This file is what remains: posting, progress over every peer's route, and errors — a failure
+// anywhere aborts the transport and reaches every peer (the shared-memory peers through their
+// control block, the TCP peers as an ABORT frame) as the same exception.
 #pragma once
 
 #include <fcntl.h>

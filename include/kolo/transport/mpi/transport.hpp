@@ -1,9 +1,10 @@
 // kolo/transport/mpi/transport.hpp — MpiTransport: kolo's Transport concept over MPI point-to-point
 // messages (MPI_Isend / MPI_Irecv / MPI_Test on a duplicate of the caller's communicator):
-// construction, agreed options and topology, the posting and completion API, its state. How
-// messages are posted and progressed is defined in mpi/progress.hpp, its control channel (abort,
-// goodbye, departed peers, error texts) in mpi/control.hpp, both included at the end; the native
-// collectives are in mpi/native.hpp. Design: transport/mpi.hpp.
+// construction, agreed options and topology, the posting API (the completion calls are shared
+// with the mesh: transport/pool_completion.hpp), its state. How messages are posted and
+// progressed is defined in mpi/progress.hpp, its control channel (abort, goodbye, departed peers,
+// error texts) in mpi/control.hpp, both included at the end; the native collectives are in
+// mpi/native.hpp. Design: transport/mpi.hpp.
 #pragma once
 
 #include <time.h>
