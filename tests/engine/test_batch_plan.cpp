@@ -6,14 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "engine_unit_common.hpp"
 #include "kolo/engine/detail/batch_plan.hpp"
 
 namespace {
 
-using kolo::DataType;
-using kolo::OpKind;
-using kolo::ReduceOp;
-using kolo::RequestParams;
+using namespace engine_unit;
 using namespace kolo::detail::engine;
 
 // Responses over parameters (and mismatch errors) the test keeps alive.
@@ -35,17 +33,8 @@ struct Cycle {
   }
 };
 
-RequestParams ar(std::uint64_t count, DataType dt = DataType::float32,
-                 ReduceOp op = ReduceOp::sum) {
-  RequestParams p;
-  p.kind = OpKind::allreduce;
-  p.dtype = dt;
-  p.op = op;
-  p.count = count;
-  return p;
-}
 RequestParams other(OpKind k) {
-  RequestParams p = ar(10);
+  RequestParams p = allreduce(10);
   p.kind = k;
   p.root = 0;
   return p;
@@ -64,14 +53,14 @@ std::vector<std::vector<std::size_t>> members(const BatchPlan& plan) {
 
 TEST_CASE("batch plan: allreduces of one dtype, op and scaling fuse; others run alone") {
   Cycle c;
-  c.add(ar(100))                                      // 0
-      .add(ar(200))                                   // 1
-      .add(other(OpKind::allgather))                  // 2
-      .add(ar(50, DataType::float64))                 // 3
-      .add(ar(10), "tensor 't4' mismatch: ...")       // 4: an error, no collective
-      .add(other(OpKind::broadcast))                  // 5
-      .add(ar(300))                                   // 6
-      .add(ar(7, DataType::float32, ReduceOp::max));  // 7
+  c.add(allreduce(100))                                      // 0
+      .add(allreduce(200))                                   // 1
+      .add(other(OpKind::allgather))                         // 2
+      .add(allreduce(50, DataType::float64))                 // 3
+      .add(allreduce(10), "tensor 't4' mismatch: ...")       // 4: an error, no collective
+      .add(other(OpKind::broadcast))                         // 5
+      .add(allreduce(300))                                   // 6
+      .add(allreduce(7, DataType::float32, ReduceOp::max));  // 7
   BatchPlan plan;
   plan_batches(c.rs, 1 << 20, plan);
   CHECK(members(plan) == std::vector<std::vector<std::size_t>>{{0, 1, 6}, {2}, {3}, {5}, {7}});
@@ -84,16 +73,19 @@ TEST_CASE("batch plan: allreduces of one dtype, op and scaling fuse; others run 
   CHECK(plan.batches[4].bytes == 7 * 4);
   // Scaling separates batches too.
   Cycle s;
-  RequestParams scaled = ar(4);
+  RequestParams scaled = allreduce(4);
   scaled.prescale = 0.5;
-  s.add(ar(4)).add(scaled).add(ar(4));
+  s.add(allreduce(4)).add(scaled).add(allreduce(4));
   plan_batches(s.rs, 1 << 20, plan);
   CHECK(members(plan) == std::vector<std::vector<std::size_t>>{{0, 2}, {1}});
 }
 
 TEST_CASE("batch plan: the fusion threshold bounds a batch; the first tensor always runs") {
   Cycle c;
-  c.add(ar(100)).add(ar(150)).add(ar(100)).add(ar(500));  // 400, 600, 400, 2000 bytes
+  c.add(allreduce(100))
+      .add(allreduce(150))
+      .add(allreduce(100))
+      .add(allreduce(500));  // 400, 600, 400, 2000 bytes
   BatchPlan plan;
   plan_batches(c.rs, 800, plan);
   // 0 takes 2 (400 + 400), skipping 1 (400 + 600 > 800); 1 alone; 3 alone over the threshold.
@@ -108,10 +100,10 @@ TEST_CASE("batch plan: the fusion threshold bounds a batch; the first tensor alw
 
 TEST_CASE("batch plan: a group travels whole past the threshold") {
   Cycle c;
-  RequestParams g = ar(1000);
+  RequestParams g = allreduce(1000);
   g.group = "grp";
   g.group_size = 3;
-  c.add(g).add(ar(1000)).add(g).add(g);
+  c.add(g).add(allreduce(1000)).add(g).add(g);
   BatchPlan plan;
   plan_batches(c.rs, 100, plan);
   CHECK(members(plan) == std::vector<std::vector<std::size_t>>{{0, 2, 3}, {1}});
@@ -120,10 +112,10 @@ TEST_CASE("batch plan: a group travels whole past the threshold") {
 
 TEST_CASE("batch plan: an allreduce batch's path") {
   PathInputs in{4, 4, false, true, true};  // 4 ranks, none joined, vectored, pieces on
-  const RequestParams sum = ar(10);
+  const RequestParams sum = allreduce(10);
   CHECK(allreduce_path(sum, 1, in) == Path::single);
   CHECK(allreduce_path(sum, 5, in) == Path::pieces);
-  RequestParams avg = ar(10, DataType::float32, ReduceOp::average);
+  RequestParams avg = allreduce(10, DataType::float32, ReduceOp::average);
   CHECK(divisor_of(avg, in) == 4);
   CHECK(allreduce_path(avg, 5, in) == Path::pieces);
   // An average over the active ranks while one has joined: the fusion buffer divides.
@@ -147,8 +139,8 @@ TEST_CASE("batch plan: an allreduce batch's path") {
   PathInputs comp = in;
   comp.compression = true;
   CHECK(allreduce_path(sum, 5, comp) == Path::compressed);
-  CHECK(allreduce_path(ar(10, DataType::float64), 5, comp) == Path::pieces);
-  CHECK(allreduce_path(ar(10, DataType::float32, ReduceOp::max), 1, comp) == Path::single);
+  CHECK(allreduce_path(allreduce(10, DataType::float64), 5, comp) == Path::pieces);
+  CHECK(allreduce_path(allreduce(10, DataType::float32, ReduceOp::max), 1, comp) == Path::single);
   // Device tensors first, whatever else holds.
   RequestParams dev = sum;
   dev.device = 1;

@@ -9,24 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "engine_unit_common.hpp"
 #include "kolo/engine/detail/negotiator.hpp"
 
 namespace {
 
-using kolo::DataType;
-using kolo::OpKind;
-using kolo::ReduceOp;
-using kolo::RequestParams;
+using namespace engine_unit;
 using namespace kolo::detail::engine;
-
-RequestParams allreduce(std::uint64_t count, ReduceOp op = ReduceOp::sum) {
-  RequestParams p;
-  p.kind = OpKind::allreduce;
-  p.dtype = DataType::float32;
-  p.op = op;
-  p.count = count;
-  return p;
-}
 
 // N ranks' negotiators and the in-memory exchange between them.
 struct Ranks {
@@ -229,7 +218,7 @@ TEST_CASE("negotiator: a joined rank need not submit; a joined broadcast root is
 TEST_CASE("negotiator: parameters that differ become the same mismatch on every rank") {
   Ranks ranks(3);
   ranks.flags();
-  RequestParams avg = allreduce(4, ReduceOp::average);
+  RequestParams avg = allreduce(4, DataType::float32, ReduceOp::average);
   ranks.exchange(
       {encode({{"m", allreduce(4)}}), encode({{"m", allreduce(4)}}), encode({{"m", avg}})});
   for (std::size_t r = 0; r < 3; ++r) {
@@ -272,7 +261,7 @@ TEST_CASE("negotiator: allgather counts may differ and are never cached") {
 }
 
 TEST_CASE("negotiator: the request wire format round-trips and rejects truncation") {
-  RequestParams p = allreduce(1u << 20, ReduceOp::max);
+  RequestParams p = allreduce(1u << 20, DataType::float32, ReduceOp::max);
   p.prescale = 0.5;
   p.postscale = 2;
   p.group = "grp";
