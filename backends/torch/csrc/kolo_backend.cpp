@@ -362,10 +362,18 @@ struct Sched {
   std::condition_variable cv;
   std::deque<std::shared_ptr<Task>> queue;
   std::atomic<std::size_t> queued{0};  // queue.size(), readable without the lock
-  // One thread at a time uses the communicator: the worker (running a task, or polling its
+  // One thread at a time uses the communicator: a worker (running a task, or polling the
   // point-to-point requests) or a caller running an operation itself.
   bool busy = false;
-  std::size_t posted = 0;  // the worker's point-to-point requests in flight
+  // Point-to-point requests in flight, polled by the worker that holds the communicator (any
+  // of them: the one that posted a request may be inside a callback when it completes). Only
+  // the owner (busy) changes it, without the lock; others read it under mu once !busy.
+  std::vector<std::shared_ptr<Task>> posted;
+  std::atomic<std::size_t> n_posted{0};  // posted.size(), readable without the lock
+  // Worker threads started, and how many of them are completing works (running the futures'
+  // callbacks, which may wait for later operations): see KoloBackend::worker_loop.
+  int workers = 0;
+  int in_callbacks = 0;
   bool stopping = false;
   bool aborting = false;
   std::string stop_reason;
@@ -376,7 +384,7 @@ struct Sched {
   // Under mu: takes the communicator for a caller's thread when nothing runs, nothing is
   // posted and the group is not stopping (the caller checks that nothing is queued before).
   bool claim_locked() {
-    if (stopping || busy || posted != 0) return false;
+    if (stopping || busy || !posted.empty()) return false;
     busy = true;
     return true;
   }
@@ -403,8 +411,10 @@ void refuse_unseen(Sched& s, const Task& t, const std::exception& e) {
   s.refuse(error_text(e));
 }
 
-// Completes a task whose body (and poll) finished, or failed with `e`.
-void finish_task(Task& t, std::exception_ptr e) {
+// A task whose body (and poll) finished, or failed with `e`: runs its copy-back by the thread
+// that owns the communicator, and returns its outcome for KoloWork::complete, called after
+// the communicator is released.
+std::exception_ptr finish_task(Task& t, std::exception_ptr e) {
   if (!e && t.after) {
     try {
       t.after();
@@ -412,7 +422,8 @@ void finish_task(Task& t, std::exception_ptr e) {
       e = wrap(x);
     }
   }
-  t.work->complete(e);
+  t.after = nullptr;
+  return e;
 }
 
 // Runs a collective task on the calling thread, which owns the communicator (Sched::busy),
@@ -459,6 +470,21 @@ bool KoloWork::wait(std::chrono::milliseconds timeout) {
     }
   }
   spin_until([this] { return done_.load(std::memory_order_acquire); });
+  if (timeout != ::kNoTimeout) {
+    // c10d's own timed wait raises a bare "Operation timed out!". The operation is not
+    // cancelled, and cannot be on one rank alone: it keeps its place in the group's issue
+    // order, which every rank must follow call for call (dropping it would pair this rank's
+    // next call with the peers' current one). So the error says what happens next.
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+      TORCH_CHECK(false, "kolo: ", c10d::opTypeToString(opType_), " on rank ", rank_,
+                  " timed out after ", timeout.count(),
+                  " ms in Work.wait(timeout); it was not cancelled: it still runs in the "
+                  "group's order and writes into its output tensors when it completes "
+                  "(is_completed() turns true, its future completes). Abort the process "
+                  "group to stop it");
+    }
+  }
   return c10d::Work::wait(timeout);
 }
 
@@ -641,7 +667,8 @@ KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   cuda_ = std::make_unique<CudaPath>(store, rank, size, timeout);
 #endif
   sched_->refuse = [this](const std::string& why) { refuse_now(why); };
-  worker_ = std::thread([this] { worker_loop(); });
+  std::lock_guard<std::mutex> lock(sched_->mu);
+  add_worker_locked();
 }
 
 KoloBackend::~KoloBackend() {
@@ -676,6 +703,8 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::enqueue(c10d::OpType op, const char*
     } else {
       s.queue.push_back(task);
       s.queued.fetch_add(1, std::memory_order_release);
+      // Every worker is inside a callback (which may be waiting for this very task).
+      if (s.in_callbacks == s.workers) add_worker_locked();
     }
   }
   if (here) {
@@ -686,40 +715,61 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::enqueue(c10d::OpType op, const char*
   return task->work;
 }
 
+// Callbacks never deadlock. A worker completes the works it finished (KoloWork::complete runs
+// their futures' `then` callbacks inline) only after it has released the communicator, and
+// while it does it counts as in a callback: a callback may issue a collective and wait for it
+// (PowerSGD's hook waits on a future), and when a task is queued or a request is in flight
+// while every worker is in a callback, another worker thread starts (add_worker_locked) and
+// takes the queue over. One thread at a time still owns the communicator (Sched::busy) and
+// tasks leave the queue in issue order, so the order holds with any number of workers. The
+// second thread starts only when a callback of the group issues work, and stays for the
+// group's life (the one after it likewise, for a callback in a callback, ...). The other way
+// considered, a completion thread that runs every future's callbacks, costs a hand-off per
+// asynchronous operation and still deadlocks when a callback waits for an operation whose own
+// completion is queued behind it on that thread.
+void KoloBackend::add_worker_locked() {
+  ++sched_->workers;
+  threads_.emplace_back([this] { worker_loop(); });
+}
+
 void KoloBackend::worker_loop() {
   Sched& s = *sched_;
-  std::vector<std::shared_ptr<Task>> posted;  // point-to-point requests in flight
+  std::vector<std::pair<std::shared_ptr<Task>, std::exception_ptr>> done;
   for (;;) {
     std::shared_ptr<Task> task;
-    if (posted.empty()) {
+    std::vector<std::shared_ptr<Task>> aborted;
+    if (s.n_posted.load(std::memory_order_acquire) == 0) {
       spin_until([&s] { return s.queued.load(std::memory_order_acquire) > 0; });
     }
-    bool abort_posted = false;
     {
       std::unique_lock<std::mutex> lock(s.mu);
       auto ready = [&] { return !s.busy && (s.stopping || !s.queue.empty()); };
-      if (posted.empty()) {
+      // (s.posted itself only once !busy: its owner changes it without the lock)
+      if (s.n_posted.load(std::memory_order_relaxed) == 0) {
         s.cv.wait(lock, ready);
       } else {
         // Requests in flight progress in the transport; look at them again shortly (a
         // blocking sleep, not a spin: ranks may outnumber cores).
         s.cv.wait_for(lock, std::chrono::microseconds(100), ready);
-        if (s.busy) continue;  // (cannot happen while requests are posted; defensive)
       }
+      if (s.busy) continue;  // another worker or a caller owns the communicator
       if (!s.queue.empty()) {
         task = std::move(s.queue.front());
         s.queue.pop_front();
         s.queued.fetch_sub(1, std::memory_order_relaxed);
-      } else if (s.stopping && (posted.empty() || s.aborting)) {
-        if (posted.empty()) return;
-        abort_posted = true;
+      } else if (s.stopping && (s.posted.empty() || s.aborting)) {
+        if (s.posted.empty()) {
+          --s.workers;
+          return;
+        }
+        aborted.swap(s.posted);
+        s.n_posted.store(0, std::memory_order_relaxed);
       }
       s.busy = true;
     }
-    if (abort_posted) {
+    if (!aborted.empty()) {
       const auto err = std::make_exception_ptr(std::runtime_error("kolo: " + s.stop_reason));
-      for (auto& t : posted) t->work->complete(err);
-      posted.clear();
+      for (auto& t : aborted) done.emplace_back(std::move(t), err);
     }
     if (task) {
       std::exception_ptr err;
@@ -730,33 +780,47 @@ void KoloBackend::worker_loop() {
         err = wrap(e);
       }
       if (task->poll && !err) {
-        posted.push_back(task);
+        s.posted.push_back(task);  // (this thread owns the communicator: busy)
       } else {
-        finish_task(*task, err);
+        done.emplace_back(task, finish_task(*task, err));
       }
     }
-    for (auto it = posted.begin(); it != posted.end();) {
-      bool done = false;
+    for (auto it = s.posted.begin(); it != s.posted.end();) {
+      bool finished = false;
       std::exception_ptr err;
       try {
-        done = (*it)->poll();
+        finished = (*it)->poll();
       } catch (const std::exception& e) {
-        done = true;
+        finished = true;
         err = wrap(e);
       }
-      if (done) {
-        finish_task(**it, err);
-        it = posted.erase(it);
+      if (finished) {
+        done.emplace_back(*it, finish_task(**it, err));
+        it = s.posted.erase(it);
       } else {
         ++it;
       }
     }
+    bool wake = false;
     {
       std::lock_guard<std::mutex> lock(s.mu);
       s.busy = false;
-      s.posted = posted.size();
+      s.n_posted.store(s.posted.size(), std::memory_order_relaxed);
+      wake = s.stopping || !s.queue.empty();
+      if (!done.empty()) {
+        ++s.in_callbacks;
+        if (s.in_callbacks == s.workers && (!s.queue.empty() || !s.posted.empty())) {
+          add_worker_locked();
+        }
+      }
     }
-    s.cv.notify_all();  // stop() may wait for the communicator
+    if (wake) s.cv.notify_all();  // another worker, or stop(), waits for the communicator
+    if (!done.empty()) {
+      for (auto& [t, err] : done) t->work->complete(err);
+      done.clear();
+      std::lock_guard<std::mutex> lock(s.mu);
+      --s.in_callbacks;
+    }
   }
 }
 
@@ -787,7 +851,16 @@ void KoloBackend::stop(bool abort_now, const std::string& why) {
     if (cuda_) cuda_->interrupt(reason);
 #endif
   }
-  if (worker_.joinable()) worker_.join();
+  for (;;) {
+    // A worker that is in a callback may start another before it returns: join until none.
+    std::vector<std::thread> workers;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      workers.swap(threads_);
+    }
+    if (workers.empty()) break;
+    for (auto& t : workers) t.join();
+  }
   {
     // A caller's thread may still own the communicator.
     std::unique_lock<std::mutex> lock(s.mu);

@@ -3,10 +3,13 @@
 //
 // Threading: every asynchronous call from Python only validates its arguments and queues a task;
 // one worker thread per backend runs the tasks in issue order, so the calling thread never blocks
-// on communication (DDP's reducer relies on that). Point-to-point operations are posted without
-// waiting and completed as the transport delivers them, so a rank may isend to a peer and then
-// irecv from it. Each task completes its KoloWork: wait() returns or rethrows, and getFuture()'s
-// future is marked completed with the output tensors (or with the error).
+// on communication (DDP's reducer relies on that). A work is completed (its future's callbacks
+// run) after the communicator is released, and a callback that waits for a later operation gets
+// a second worker to run it, so callbacks may issue and wait on collectives (comm hooks do).
+// Point-to-point operations are posted without waiting and completed as the transport delivers
+// them, so a rank may isend to a peer and then irecv from it. Each task completes its KoloWork:
+// wait() returns or rethrows, and getFuture()'s future is marked completed with the output tensors
+// (or with the error).
 //
 // The caller's thread runs an operation itself in two cases, both where it would otherwise only
 // wait: a synchronous call (torch's asyncOp = false) issued while nothing is queued or running,
@@ -209,7 +212,12 @@ class KoloBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType op, const char* title,
                                          std::vector<at::Tensor> outputs,
                                          std::function<void(Task&)> body, bool sync = false);
+  // A worker thread: runs the queued tasks and polls the posted requests while it owns the
+  // communicator, then completes the works it finished (see the .cpp for why in that order).
   void worker_loop();
+  // Starts one more worker thread (under Sched::mu): every worker is inside a callback and
+  // work is pending.
+  void add_worker_locked();
   void stop(bool abort_now, const std::string& why);
   // True when `t` takes the NCCL path (a CUDA build, a contiguous CUDA tensor).
   bool on_nccl(const at::Tensor& t) const;
@@ -233,7 +241,7 @@ class KoloBackend : public c10d::Backend {
 
   std::shared_ptr<Sched> sched_;
   std::atomic<std::uint64_t> issued_{0};  // operations issued so far
-  std::thread worker_;
+  std::vector<std::thread> threads_;      // the worker threads (under Sched::mu; joined by stop())
 };
 
 }  // namespace kolo_torch
