@@ -168,7 +168,8 @@ def fsdp_main(torch, dist, r, n, data, target, mine):
 
 HOOK_TIMEOUT = 10  # the groups' timeout in np2-comm-hooks (s); each case's watchdog: + 5 s
 HOOK_STEPS = 6
-HOOK_CASES = 12  # len(comm_hook_cases(...)), for the driver's deadline (it imports no torch)
+HOOK_CASES = 12  # len(comm_hook_cases(...)), for the driver's deadline (it imports no torch);
+# 3 more cases follow them: callbacks that wait, wait(timeout) on kolo and on Gloo
 
 
 def comm_hook_cases(dist, pg):
@@ -239,8 +240,22 @@ def hook_train(torch, dist, pg, register, r):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def comm_hooks_main(torch, dist, r, n):
+def case_watchdog(what):
+    """Fails the rank with `what` named if it is still running HOOK_TIMEOUT + 5 s from now."""
     import threading
+
+    def expired():
+        print(f"FAIL: {what} did not finish within {HOOK_TIMEOUT + 5} s (the group timeout "
+              f"{HOOK_TIMEOUT} s + 5 s): a hang", flush=True)
+        os._exit(3)
+
+    watchdog = threading.Timer(HOOK_TIMEOUT + 5, expired)
+    watchdog.daemon = True
+    watchdog.start()
+    return watchdog
+
+
+def comm_hooks_main(torch, dist, r, n):
     import time
     import traceback
 
@@ -251,14 +266,7 @@ def comm_hooks_main(torch, dist, r, n):
     assert len(comm_hook_cases(dist, kolo)) == HOOK_CASES
     for (name, reg_kolo), (_, reg_gloo) in zip(comm_hook_cases(dist, kolo),
                                                 comm_hook_cases(dist, gloo)):
-        def expired(name=name):
-            print(f"FAIL: comm hook {name!r} did not finish within {HOOK_TIMEOUT + 5} s (the "
-                  f"group timeout {HOOK_TIMEOUT} s + 5 s): a hang", flush=True)
-            os._exit(3)
-
-        watchdog = threading.Timer(HOOK_TIMEOUT + 5, expired)
-        watchdog.daemon = True
-        watchdog.start()
+        watchdog = case_watchdog(f"comm hook {name!r}")
         t0 = time.monotonic()
         try:
             want = hook_train(torch, dist, gloo, reg_gloo, r)
@@ -293,10 +301,44 @@ def comm_hooks_main(torch, dist, r, n):
     if r == 0:
         print(f"result: {HOOK_CASES} hooks ({len(failing)} failing under Gloo too: {failing}) in "
               f"{time.monotonic() - total:.1f} s")
+    watchdog = case_watchdog("callbacks that wait")
+    callbacks_wait(torch, dist, r)
+    watchdog.cancel()
     for label, pg in (("kolo", kolo), ("gloo", gloo)):
+        watchdog = case_watchdog(f"{label}: wait(timeout)")
         timed_wait_runs_on(torch, dist, label, pg, r)
+        watchdog.cancel()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def callbacks_wait(torch, dist, r):
+    """A future's callback issues collectives (sync and async) and waits on them, and one
+    point-to-point request's callback waits for the other request, finished with it."""
+    def chained(fut):
+        b = fut.value()[0] + 1  # 3
+        dist.all_reduce(b)  # synchronous, from the callback: 6
+        dist.all_reduce(b, async_op=True).wait()  # 12
+        return dist.all_reduce(b, async_op=True).get_future().wait()[0]  # 24
+
+    a = torch.ones(8)
+    got = dist.all_reduce(a, async_op=True).get_future().then(chained).wait()
+    assert torch.equal(got, torch.full((8,), 24.0)), got
+    x, y = torch.full((4,), 5.0), torch.full((4,), 7.0)
+    if r == 0:
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, 1),
+                                         dist.P2POp(dist.isend, y, 1)]):
+            w.wait()
+    else:
+        x.zero_()
+        y.zero_()
+        rx, ry = dist.batch_isend_irecv([dist.P2POp(dist.irecv, x, 0),
+                                         dist.P2POp(dist.irecv, y, 0)])
+        both = rx.get_future().then(lambda f: ry.wait() and f.value()[0] + y).wait()
+        assert torch.equal(both, torch.full((4,), 12.0)), both
+    dist.barrier()
+    if r == 0:
+        print("result: callbacks that wait on collectives and on a sibling request: exact")
 
 
 def timed_wait_runs_on(torch, dist, label, pg, r):
@@ -337,7 +379,7 @@ CONFIGS = [
     {"name": "np2-fsdp", "world": 2, "wrap": "fsdp"},
     {"name": "np2-comm-hooks", "world": 2, "wrap": "hooks", "group_timeout": HOOK_TIMEOUT,
      "unset": ["KOLO_TIMEOUT_SECONDS"],  # CI's longer kolo timeout would outlast the watchdog
-     "deadline": 20 + HOOK_CASES * (HOOK_TIMEOUT + 5)},  # 20 s: start-up and torch's import
+     "deadline": 20 + (HOOK_CASES + 3) * (HOOK_TIMEOUT + 5)},  # 20 s: start-up and torch's import
 ]
 
 if __name__ == "__main__":

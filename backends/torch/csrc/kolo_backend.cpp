@@ -374,6 +374,9 @@ struct Sched {
   // callbacks, which may wait for later operations): see KoloBackend::worker_loop.
   int workers = 0;
   int in_callbacks = 0;
+  // Works finished by the owner, to complete after it released the communicator: one at a time
+  // by whichever worker is free (the one that finished them, unless it is held in a callback).
+  std::deque<std::pair<std::shared_ptr<Task>, std::exception_ptr>> completions;
   bool stopping = false;
   bool aborting = false;
   std::string stop_reason;
@@ -382,9 +385,14 @@ struct Sched {
   std::function<void(const std::string&)> refuse;
 
   // Under mu: takes the communicator for a caller's thread when nothing runs, nothing is
-  // posted and the group is not stopping (the caller checks that nothing is queued before).
+  // posted or being completed and the group is not stopping (the caller checks that nothing is
+  // queued before).
   bool claim_locked() {
-    if (stopping || busy || !posted.empty()) return false;
+    // Nor while a work is being completed: an operation a caller runs itself must not be done
+    // before one issued earlier (callbacks that issue work get a worker instead).
+    if (stopping || busy || !posted.empty() || in_callbacks != 0 || !completions.empty()) {
+      return false;
+    }
     busy = true;
     return true;
   }
@@ -716,14 +724,15 @@ c10::intrusive_ptr<c10d::Work> KoloBackend::enqueue(c10d::OpType op, const char*
 }
 
 // Callbacks never deadlock. A worker completes the works it finished (KoloWork::complete runs
-// their futures' `then` callbacks inline) only after it has released the communicator, and
-// while it does it counts as in a callback: a callback may issue a collective and wait for it
-// (PowerSGD's hook waits on a future), and when a task is queued or a request is in flight
-// while every worker is in a callback, another worker thread starts (add_worker_locked) and
-// takes the queue over. One thread at a time still owns the communicator (Sched::busy) and
-// tasks leave the queue in issue order, so the order holds with any number of workers. The
-// second thread starts only when a callback of the group issues work, and stays for the
-// group's life (the one after it likewise, for a callback in a callback, ...). The other way
+// their futures' `then` callbacks inline) only after it has released the communicator, one at
+// a time from Sched::completions, and while it does it counts as in a callback: a callback may
+// issue a collective and wait for it (PowerSGD's hook waits on a future), or wait for another
+// work finished with its own, and when a task is queued, a request is in flight or a work
+// waits to be completed while every worker is in a callback, another worker thread starts
+// (add_worker_locked) and takes over. One thread at a time still owns the communicator
+// (Sched::busy) and tasks leave the queue in issue order, so the order holds with any number of
+// workers. The second thread starts only when a callback of the group issues work, and stays for
+// the group's life (the one after it likewise, for a callback in a callback, ...). The other way
 // considered, a completion thread that runs every future's callbacks, costs a hand-off per
 // asynchronous operation and still deadlocks when a callback waits for an operation whose own
 // completion is queued behind it on that thread.
@@ -735,6 +744,32 @@ void KoloBackend::add_worker_locked() {
 void KoloBackend::worker_loop() {
   Sched& s = *sched_;
   std::vector<std::pair<std::shared_ptr<Task>, std::exception_ptr>> done;
+  // Completes the pending works one at a time, counted in in_callbacks (without the lock).
+  auto complete_pending = [&] {
+    for (;;) {
+      std::pair<std::shared_ptr<Task>, std::exception_ptr> c;
+      bool wake = false;
+      {
+        std::lock_guard<std::mutex> lock(s.mu);
+        if (s.completions.empty()) return;
+        c = std::move(s.completions.front());
+        s.completions.pop_front();
+        ++s.in_callbacks;
+        // Its callbacks may wait for what is pending: a worker must be free to do that.
+        const bool pending = !s.queue.empty() || !s.completions.empty() ||
+                             s.n_posted.load(std::memory_order_relaxed) != 0;
+        if (pending && s.in_callbacks == s.workers) {
+          add_worker_locked();
+        } else {
+          wake = !s.completions.empty();  // a free worker completes the next meanwhile
+        }
+      }
+      if (wake) s.cv.notify_all();
+      c.first->work->complete(c.second);
+      std::lock_guard<std::mutex> lock(s.mu);
+      --s.in_callbacks;
+    }
+  };
   for (;;) {
     std::shared_ptr<Task> task;
     std::vector<std::shared_ptr<Task>> aborted;
@@ -743,7 +778,9 @@ void KoloBackend::worker_loop() {
     }
     {
       std::unique_lock<std::mutex> lock(s.mu);
-      auto ready = [&] { return !s.busy && (s.stopping || !s.queue.empty()); };
+      auto ready = [&] {
+        return !s.completions.empty() || (!s.busy && (s.stopping || !s.queue.empty()));
+      };
       // (s.posted itself only once !busy: its owner changes it without the lock)
       if (s.n_posted.load(std::memory_order_relaxed) == 0) {
         s.cv.wait(lock, ready);
@@ -751,6 +788,11 @@ void KoloBackend::worker_loop() {
         // Requests in flight progress in the transport; look at them again shortly (a
         // blocking sleep, not a spin: ranks may outnumber cores).
         s.cv.wait_for(lock, std::chrono::microseconds(100), ready);
+      }
+      if (!s.completions.empty()) {
+        lock.unlock();
+        complete_pending();
+        continue;
       }
       if (s.busy) continue;  // another worker or a caller owns the communicator
       if (!s.queue.empty()) {
@@ -807,20 +849,11 @@ void KoloBackend::worker_loop() {
       s.busy = false;
       s.n_posted.store(s.posted.size(), std::memory_order_relaxed);
       wake = s.stopping || !s.queue.empty();
-      if (!done.empty()) {
-        ++s.in_callbacks;
-        if (s.in_callbacks == s.workers && (!s.queue.empty() || !s.posted.empty())) {
-          add_worker_locked();
-        }
-      }
+      for (auto& d : done) s.completions.push_back(std::move(d));
+      done.clear();
     }
     if (wake) s.cv.notify_all();  // another worker, or stop(), waits for the communicator
-    if (!done.empty()) {
-      for (auto& [t, err] : done) t->work->complete(err);
-      done.clear();
-      std::lock_guard<std::mutex> lock(s.mu);
-      --s.in_callbacks;
-    }
+    complete_pending();
   }
 }
 
