@@ -45,8 +45,12 @@ done
 # spark.driver.extraJavaOptions in conftest.py; the standalone daemons through this).
 export SPARK_DAEMON_JAVA_OPTS="${SPARK_DAEMON_JAVA_OPTS:-} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
-# Spark writes spark-warehouse/ and derby logs into the working directory: use a scratch one.
+# Spark writes spark-warehouse/ and derby logs into the working directory: use a scratch one,
+# and pytest's tmp_path directories (stores, Parquet files, checkpoints) go under it too
+# (--basetemp) rather than into /tmp/pytest-of-$USER, which pytest keeps after the run.
 work=$(mktemp -d "${TMPDIR:-/tmp}/kolo-spark-tests.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
-"$py" -m pytest -p no:cacheprovider -q -rs --durations=15 "$here" "$@"
+# torch (the estimator tests) keeps its compile cache in /tmp/torchinductor_$USER otherwise.
+export TORCHINDUCTOR_CACHE_DIR="$work/torchinductor"
+"$py" -m pytest -p no:cacheprovider -q -rs --durations=15 --basetemp="$work/pytest" "$here" "$@"

@@ -41,4 +41,5 @@ shift
 work=$(mktemp -d "${TMPDIR:-/tmp}/kolo-torch-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cd "$work"
+export TORCHINDUCTOR_CACHE_DIR="$work/torchinductor"  # not /tmp/torchinductor_$USER, kept after
 "$py" "$here/$script" "$@"
