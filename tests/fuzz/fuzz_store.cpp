@@ -3,7 +3,7 @@
 // Each input gets a fresh StoreServer on a loopback port. The first byte chooses how the bytes
 // that follow reach it:
 //   bit 0 clear  an authenticated client (the real HMAC handshake with the job secret) sends
-//                the rest as requests: the request parser, SET/GET/ADD/WAIT/ERASE, parked
+//                the rest as requests: the request parser, SET/GET/ADD/WAIT/ERASE/CAS, parked
 //                waiters, reply framing;
 //   bit 0 set    a stranger sends the rest instead of a handshake response (the incremental
 //                ServerHandshake parser);

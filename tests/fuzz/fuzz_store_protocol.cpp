@@ -25,8 +25,9 @@ namespace {
 namespace sd = kolo::store_detail;
 
 bool known_refusal(std::string_view why) {
-  for (const char* k : {"bad SET", "SET value too large", "bad GET", "bad ADD", "bad WAIT",
-                        "bad ERASE", "unknown op"}) {
+  for (const char* k :
+       {"bad SET", "SET value too large", "bad GET", "bad ADD", "bad WAIT", "bad ERASE",
+        "bad COMPARE_SET", "COMPARE_SET value too large", "unknown op"}) {
     if (why == k) return true;
   }
   return false;
@@ -59,6 +60,12 @@ void check_request(std::string_view frame, std::string_view body, sd::Request& q
       break;
     case sd::kErase:
       sd::encode_erase(again, q.key);
+      break;
+    case sd::kCompareSet:
+      KOLO_FUZZ_CHECK(
+          q.expected.size() <= sd::kMaxValueBytes && q.value.size() <= sd::kMaxValueBytes,
+          "a COMPARE_SET value over the limit accepted");
+      sd::encode_compare_set(again, q.key, q.expected, q.value);
       break;
     default:
       kolo_fuzz::fail("decode_request accepted op " + std::to_string(q.op));

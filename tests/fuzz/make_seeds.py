@@ -79,7 +79,7 @@ def env_seeds():
 
 # ---------------------------------------------------------------- store (fuzz_store.cpp)
 
-SET, GET, ADD, WAIT, ERASE = 1, 2, 3, 4, 5
+SET, GET, ADD, WAIT, ERASE, CAS = 1, 2, 3, 4, 5, 6
 
 
 def frame(tag, payload=b""):
@@ -97,6 +97,8 @@ def store_seeds():
     add = lambda k, d: frame(ADD, s(k) + struct.pack("<q", d))
     wait = lambda ks, ms=0: frame(WAIT, struct.pack("<QI", ms, len(ks)) + b"".join(s(k) for k in ks))
     erase = lambda k: frame(ERASE, s(k))
+    b = lambda v: v.encode() if isinstance(v, str) else v
+    cas = lambda k, old, new: frame(CAS, s(k) + s(old) + b(new))
     auth = lambda stream: b"\x00" + stream
     two = lambda a, b: b"\x02" + struct.pack("<H", len(a)) + a + b
     return [
@@ -106,6 +108,11 @@ def store_seeds():
         ("add-not-int", auth(set_("v", "x1") + add("v", 1) + set_("e", "") + add("e", 1))),
         ("wait", auth(set_("a", "1") + wait(["a"]) + wait(["a", "b"]) + wait([]))),
         ("erase", auth(set_("k", b"\x00\xff" * 8) + erase("k") + get("k") + erase("k"))),
+        ("cas", auth(cas("d", "", "1,3") + cas("d", "", "2") + cas("d", "1,3", "4") + get("d") +
+                     cas("absent", "x", "y") + get("absent"))),
+        ("cas-binary", auth(cas(b"\x00k", b"", b"\x00\xff") + cas(b"\x00k", b"\x00\xff", b""))),
+        ("cas-overrun", auth(frame(CAS, s("k") + struct.pack("<I", 1000) + b"short"))),
+        ("two-wake-cas", two(get("dec", 5000) + wait(["dec"], 5000), cas("dec", "", "0,1"))),
         ("binary-key", auth(set_(b"\x00\x01'\\key", "v") + get(b"\x00\x01'\\key"))),
         ("bad-len", auth(struct.pack("<I", 0) + b"\x01")),
         ("huge-len", auth(struct.pack("<IB", 0xFFFFFFFF, SET))),

@@ -286,6 +286,144 @@ TEST_CASE("store: erase and try_get") {
   setter.join();
 }
 
+TEST_CASE("store: compare_set is torch's compareSet, one atomic map operation") {
+  auto server = start_server();
+  const auto addr = addr_of(*server);
+  StoreClient c(addr, kSecret, 0, 5.0);
+  CHECK(c.compare_set("d", "", "1,3") == "1,3");  // absent, expected empty: set, won
+  CHECK(c.get("d") == "1,3");
+  CHECK(c.compare_set("d", "", "2") == "1,3");  // lost: learns the first value, nothing changed
+  CHECK(c.get("d") == "1,3");
+  CHECK(c.compare_set("d", "2", "5") == "1,3");  // a wrong expected changes nothing
+  CHECK(c.compare_set("d", "1,3", "4") == "4");  // matching expected: replaced
+  CHECK(c.get("d") == "4");
+  CHECK(c.compare_set("absent", "x", "y") == "x");  // torch's answer, and nothing stored
+  CHECK_FALSE(c.try_get("absent").has_value());
+  const std::string bin("\0v\xff", 3);
+  CHECK(c.compare_set(std::string("b\0", 2), "", bin) == bin);
+  CHECK(c.compare_set(std::string("b\0", 2), bin, "") == "");  // to an empty value
+  CHECK(c.try_get(std::string("b\0", 2)) == std::optional<std::string>(""));
+  c.set("c", "");
+  CHECK(c.compare_set("c", "", "filled") == "filled");  // an empty value matches ""
+
+  // A get parked on the key is woken by the compare_set that creates it.
+  std::thread waiter([&] {
+    StoreClient d(addr, kSecret, 1, 5.0);
+    CHECK(d.get("late") == "cas");
+  });
+  std::this_thread::sleep_for(100ms);
+  CHECK(c.compare_set("late", "", "cas") == "cas");
+  waiter.join();
+
+  const auto msg = message_of<kolo::Error>(
+      [&] { c.compare_set("k", "", std::string(sd::kMaxValueBytes + 1, 'v')); });
+  CHECK(contains(msg, "compare_set('k')"));
+  CHECK(contains(msg, std::to_string(sd::kMaxValueBytes)));
+  CHECK(c.get("d") == "4");  // refused before sending: the connection is fine
+}
+
+TEST_CASE("store: compare_set from 4 threads on one key: exactly one wins, all agree") {
+  auto server = start_server();
+  const auto addr = addr_of(*server);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 50;
+  std::vector<std::vector<std::string>> got(kThreads);
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  std::atomic<int> ready{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        StoreClient c(addr, kSecret, t, 10.0);
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) std::this_thread::yield();
+        for (int r = 0; r < kRounds; ++r) {
+          got[t].push_back(
+              c.compare_set("round/" + std::to_string(r), "", "t" + std::to_string(t)));
+        }
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  StoreClient c(addr, kSecret, 9, 5.0);
+  for (int t = 0; t < kThreads; ++t) {
+    CAPTURE(t);
+    CHECK(errors[t].empty());
+    REQUIRE(got[t].size() == std::size_t{kRounds});
+  }
+  for (int r = 0; r < kRounds; ++r) {
+    CAPTURE(r);
+    const std::string stored = c.get("round/" + std::to_string(r));
+    int winners = 0;
+    for (int t = 0; t < kThreads; ++t) {
+      CHECK(got[t][r] == stored);  // every caller learns the same value ...
+      if (got[t][r] == "t" + std::to_string(t)) ++winners;
+    }
+    CHECK(winners == 1);  // ... and exactly one of them wrote it
+  }
+}
+
+TEST_CASE("store: wait_for answers true or false in time, without throwing") {
+  auto server = start_server();
+  const auto addr = addr_of(*server);
+  StoreClient c(addr, kSecret, 0, 0.5);  // a short client timeout: wait_for is not bound by it
+  c.set("here", "1");
+  CHECK(c.wait_for({}, 0.0));
+  CHECK(c.wait_for({"here"}, 0.0));
+  CHECK_FALSE(c.wait_for({"here", "gone"}, 0.0));
+  CHECK_FALSE(c.wait_for({"gone"}, -1.0));
+
+  auto t0 = Clock::now();
+  CHECK_FALSE(c.wait_for({"here", "gone"}, 0.3));
+  double took = since(t0);
+  CHECK(took >= 0.29);
+  CHECK(took < 3.0);
+
+  // Longer than the client's 0.5 s timeout: the server holds the request, no TimeoutError.
+  t0 = Clock::now();
+  CHECK_FALSE(c.wait_for({"gone"}, 1.0));
+  took = since(t0);
+  CHECK(took >= 0.99);
+  CHECK(took < 4.0);
+
+  std::thread setter([&] {
+    StoreClient d(addr, kSecret, 1, 5.0);
+    std::this_thread::sleep_for(200ms);
+    d.set("gone", "back");
+  });
+  t0 = Clock::now();
+  CHECK(c.wait_for({"here", "gone"}, 10.0));
+  took = since(t0);
+  setter.join();
+  CHECK(took >= 0.15);
+  CHECK(took < 5.0);               // woken by the set, not at its 10 s
+  CHECK(c.get("gone") == "back");  // the connection is still in step after the expiries
+}
+
+TEST_CASE("store: erase through the KvStore interface, and PrefixStore forwards to the server") {
+  auto server = start_server();
+  const auto addr = addr_of(*server);
+  auto client = std::make_shared<StoreClient>(addr, kSecret, 0, 5.0);
+  kolo::KvStore& kv = *client;
+  kv.set("x", "1");
+  kv.erase("x");
+  CHECK_FALSE(kv.try_get("x").has_value());
+
+  kolo::PrefixStore p(client, "job/");
+  CHECK(p.compare_set("d", "", "0,2") == "0,2");
+  CHECK(p.compare_set("d", "", "1") == "0,2");
+  CHECK(client->get("job/d") == "0,2");
+  CHECK_FALSE(client->try_get("d").has_value());
+  CHECK_FALSE(p.wait_for({"d", "e"}, 0.05));
+  client->set("job/e", "");
+  CHECK(p.wait_for({"d", "e"}, 0.05));
+  p.erase("d");
+  CHECK_FALSE(client->try_get("job/d").has_value());
+  CHECK_FALSE(p.wait_for({"d"}, 0.0));
+}
+
 TEST_CASE("store: get and wait time out naming the missing keys and the store address") {
   auto server = start_server();
   const auto addr = addr_of(*server);
@@ -453,6 +591,11 @@ TEST_CASE("store: malformed requests close only the offending connection") {
     std::string f;
     sd::FrameWriter(f, sd::kAdd).str("counter").finish();
     cases.push_back({"ADD without a delta", f});
+  }
+  {
+    std::string f;
+    sd::FrameWriter(f, sd::kCompareSet).str("k").u32(1000).raw("short").finish();
+    cases.push_back({"COMPARE_SET expected overruns its frame", f});
   }
   for (const auto& c : cases) {
     CAPTURE(c.name);

@@ -83,6 +83,40 @@ TEST_CASE("store protocol: every request round-trips through its encoder and dec
   CHECK(decode(f, q) == nullptr);
   CHECK(q.op == sd::kErase);
   CHECK(q.key == "gone");
+
+  f.clear();
+  sd::encode_compare_set(f, binary_key, std::string("e\0", 2), std::string("d\0d", 3));
+  CHECK(decode(f, q) == nullptr);
+  CHECK(q.op == sd::kCompareSet);
+  CHECK(q.key == binary_key);
+  CHECK(q.expected == std::string("e\0", 2));
+  CHECK(q.value == std::string("d\0d", 3));
+  // Layout: key:string | expected:string | desired: the rest of the frame.
+  std::string by_hand;
+  sd::put_u32(by_hand, 1 + 4 + 1 + 4 + 2 + 1);
+  by_hand += std::string("\x06", 1);
+  sd::put_u32(by_hand, 1);
+  by_hand += "k";
+  sd::put_u32(by_hand, 2);
+  by_hand += "ex";
+  by_hand += "d";
+  f.clear();
+  sd::encode_compare_set(f, "k", "ex", "d");
+  CHECK(f == by_hand);
+
+  // Empty expected (the write-once form) and empty desired decode as empty, and the fields of
+  // an earlier request do not leak into a later one.
+  f.clear();
+  sd::encode_compare_set(f, "decision", "", "");
+  CHECK(decode(f, q) == nullptr);
+  CHECK(q.op == sd::kCompareSet);
+  CHECK(q.key == "decision");
+  CHECK(q.expected.empty());
+  CHECK(q.value.empty());
+  f.clear();
+  sd::encode_get(f, 0, "x");
+  CHECK(decode(f, q) == nullptr);
+  CHECK(q.expected.empty());
 }
 
 TEST_CASE("store protocol: frames split a stream, a bad length is refused") {
@@ -140,6 +174,15 @@ TEST_CASE("store protocol: truncated, oversized and garbage requests say what is
   f.clear();
   sd::encode_erase(f, "key");
   truncations(f, "bad ERASE");
+  // COMPARE_SET's desired value is the rest of the frame: a cut inside the key or expected is
+  // malformed, one inside desired is a shorter desired value.
+  f.clear();
+  sd::encode_compare_set(f, "key", "old", "new");
+  for (std::size_t n = 1; n < 1 + 4 + 3 + 4 + 3; ++n) {
+    CHECK(std::string(sd::decode_request(body_of(f).substr(0, n), q)) == "bad COMPARE_SET");
+  }
+  CHECK(sd::decode_request(body_of(f).substr(0, body_of(f).size() - 1), q) == nullptr);
+  CHECK(q.value == "ne");
   // SET's value is the rest of the frame, so only a cut inside its key is malformed.
   f.clear();
   sd::encode_set(f, "key", "value");
@@ -156,7 +199,7 @@ TEST_CASE("store protocol: truncated, oversized and garbage requests say what is
   // Unknown and missing ops.
   CHECK(std::string(sd::decode_request("", q)) == "unknown op");
   CHECK(std::string(sd::decode_request(std::string(1, '\0'), q)) == "unknown op");
-  CHECK(std::string(sd::decode_request("\x06"
+  CHECK(std::string(sd::decode_request("\x07"
                                        "abc",
                                        q)) == "unknown op");
   CHECK(std::string(sd::decode_request("\xff", q)) == "unknown op");
@@ -172,6 +215,29 @@ TEST_CASE("store protocol: truncated, oversized and garbage requests say what is
   sd::put_u32(lying, 1000);
   lying += "short";
   CHECK(std::string(sd::decode_request(lying, q)) == "bad ERASE");
+
+  // COMPARE_SET: an expected length past the frame, or beyond the value limit; a key over its
+  // limit; a desired value over the value limit.
+  std::string cas;
+  cas.push_back(static_cast<char>(sd::kCompareSet));
+  sd::put_u32(cas, 1);
+  cas += "k";
+  sd::put_u32(cas, 1000);
+  cas += "short";
+  CHECK(std::string(sd::decode_request(cas, q)) == "bad COMPARE_SET");
+  cas.resize(1 + 4 + 1);
+  sd::put_u32(cas, static_cast<std::uint32_t>(sd::kMaxValueBytes + 1));
+  CHECK(std::string(sd::decode_request(cas, q)) == "bad COMPARE_SET");
+  f.clear();
+  sd::encode_compare_set(f, std::string(sd::kMaxKeyBytes + 1, 'k'), "", "v");
+  CHECK(std::string(decode(f, q)) == "bad COMPARE_SET");
+  cas.resize(1 + 4 + 1);
+  sd::put_u32(cas, 0);
+  cas.append(sd::kMaxValueBytes + 1, 'd');
+  CHECK(std::string(sd::decode_request(cas, q)) == "COMPARE_SET value too large");
+  cas.resize(cas.size() - 1);
+  CHECK(sd::decode_request(cas, q) == nullptr);
+  CHECK(q.value.size() == sd::kMaxValueBytes);
 
   // A WAIT claiming more keys than its frame could hold.
   std::string many;

@@ -6,8 +6,14 @@
 // Ray or etcd client) is another, so a framework that already rendezvoused can hand its store
 // to kolo instead of running a second one. PrefixStore gives one store many namespaces.
 //
+// Survivors of a lost rank agree through the store too (Communicator::shrink/grow): a
+// compare-and-set makes a write-once decision register, wait_for waits within their own deadline,
+// erase tidies up. Those three have defaults, so a store written for rendezvous alone still
+// compiles: compare_set then refuses (ConfigError), wait_for polls try_get, erase does nothing.
+//
 // Contract for implementations:
-//  - set/add are visible to every rank's later get/try_get/wait once they return;
+//  - set/add/compare_set are visible to every rank's later get/try_get/wait once they return;
+//  - compare_set is atomic with respect to every other call on the same key;
 //  - get and wait block until the keys exist or the store's own deadline passes, then throw
 //    kolo::TimeoutError naming the missing key(s) (a framework adapter translates its
 //    exception into kolo's error types: TimeoutError, PeerLostError when the store is gone,
@@ -16,13 +22,18 @@
 //  - calls may come from several threads (one at a time is enough: Bootstrap serialises).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "kolo/core/error.hpp"
 #include "kolo/net/socket.hpp"
 
 namespace kolo {
@@ -41,6 +52,47 @@ class KvStore {
   virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
   // Waits until every key exists (TimeoutError naming the missing ones).
   virtual void wait(const std::vector<std::string>& keys) = 0;
+
+  // Atomic compare-and-set, with torch's c10d::Store::compareSet semantics:
+  //  - key absent, `expected` empty: sets `desired`, returns `desired`;
+  //  - key present and equal to `expected`: sets `desired`, returns `desired`;
+  //  - key present and different: changes nothing, returns the value it holds;
+  //  - key absent, `expected` non-empty: changes nothing and returns `expected` (torch's answer,
+  //    kept so that every store answers alike: the return value does not tell absence).
+  // So compare_set(k, "", d) is a write-once register: the caller won exactly when the result
+  // is `d` (and every caller learns the same winning value). Keys and values are binary-safe.
+  // Default: ConfigError naming the store (only stores that implement it can decide).
+  virtual std::string compare_set(const std::string& key, const std::string& expected,
+                                  const std::string& desired) {
+    (void)key;
+    (void)expected;
+    (void)desired;
+    throw ConfigError(describe() +
+                      " cannot compare-and-set: shrink/grow need kolo's store or torch's");
+  }
+  // Waits until every key exists, at most `seconds` (<= 0: checks once, without waiting); true
+  // when all exist, false when the time ran out first — expiry is an answer here, not an error
+  // (a lost store still throws, as every call does). The store's own deadline does not apply.
+  // Default: polls try_get every 2 ms (sleeping between passes), remembering the keys already
+  // seen, so a key erased during the wait still counts as seen.
+  virtual bool wait_for(const std::vector<std::string>& keys, double seconds) {
+    using clock = std::chrono::steady_clock;
+    // NaN or beyond ~115 days: ~115 days (keeps the deadline arithmetic finite).
+    const double limit = std::isnan(seconds) ? 1e7 : std::min(seconds, 1e7);
+    const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
+                                             std::chrono::duration<double>(std::max(limit, 0.0)));
+    std::vector<std::string> missing(keys);
+    for (;;) {
+      std::erase_if(missing, [&](const std::string& k) { return try_get(k).has_value(); });
+      if (missing.empty()) return true;
+      if (clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  // Removes key if it exists (erasing a missing key is not an error). Best effort: the default
+  // does nothing, so callers use it only to tidy up, never for correctness.
+  virtual void erase(const std::string& key) { (void)key; }
+
   // The TCP address of the store, when it has one: ranks advertise the local address through
   // which they reach it (the interface the other ranks can reach too). nullopt for stores
   // without one (a file store): then ranks advertise KOLO_ADDR, or loopback.
@@ -71,6 +123,17 @@ class PrefixStore final : public KvStore {
     for (const auto& k : keys) full.push_back(prefix_ + k);
     inner_->wait(full);
   }
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override {
+    return inner_->compare_set(prefix_ + key, expected, desired);
+  }
+  bool wait_for(const std::vector<std::string>& keys, double seconds) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    return inner_->wait_for(full, seconds);
+  }
+  void erase(const std::string& key) override { inner_->erase(prefix_ + key); }
   std::optional<net::HostPort> address() const override { return inner_->address(); }
   std::string describe() const override { return inner_->describe(); }
 

@@ -118,6 +118,46 @@ class StoreClient final : public KvStore {
     expect_ok(r, "wait", keys.front());
   }
 
+  // Until all keys exist or `seconds` pass (<= 0: checks once): true when all exist, false on
+  // expiry (the server answers MISSING; the connection stays usable). Not bounded by the
+  // client's timeout: the server holds the request up to `seconds` (at most ~115 days).
+  bool wait_for(const std::vector<std::string>& keys, double seconds) override {
+    if (keys.empty()) return true;
+    const double held = std::isnan(seconds) ? 0.0 : std::clamp(seconds, 0.0, 1e7);
+    const auto ms = static_cast<std::uint64_t>(std::ceil(held * 1000.0));
+    const Reply r = call_held("wait_for", wait_request(keys, ms), ms == 0 ? 0.0 : held);
+    if (r.status == store_detail::kMissing) {
+      (void)decode_missing(r, "wait_for");  // well-formed, or the connection is dropped
+      return false;
+    }
+    expect_ok(r, "wait_for", keys.front());
+    return true;
+  }
+
+  // Atomic on the server, torch's compareSet semantics (KvStore::compare_set): stores `desired`
+  // if the key is absent and `expected` empty, or holds `expected`; returns the value stored now
+  // (`expected` for an absent key and a non-empty `expected`). Binary-safe; values up to 64 MiB,
+  // expected + desired together within one frame.
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override {
+    check_key(key);
+    const std::size_t bytes = key.size() + expected.size() + desired.size() + 16;
+    if (expected.size() > store_detail::kMaxValueBytes ||
+        desired.size() > store_detail::kMaxValueBytes || bytes > store_detail::kMaxFrameBytes) {
+      throw Error("store compare_set(" + store_detail::printable(key) + "): values of " +
+                  std::to_string(expected.size()) + " + " + std::to_string(desired.size()) +
+                  " bytes exceed the " + std::to_string(store_detail::kMaxValueBytes) +
+                  "-byte limit (each) or the " + std::to_string(store_detail::kMaxFrameBytes) +
+                  "-byte request limit (together)");
+    }
+    std::string req;
+    req.reserve(bytes);
+    store_detail::encode_compare_set(req, key, expected, desired);
+    Reply r = call("compare_set(" + store_detail::printable(key) + ")", req, false);
+    expect_ok(r, "compare_set", key);
+    return std::move(r.body);
+  }
+
   // Do all keys exist now?
   bool check(const std::vector<std::string>& keys) {
     if (keys.empty()) return true;
@@ -127,7 +167,8 @@ class StoreClient final : public KvStore {
     return true;
   }
 
-  void erase(const std::string& key) {
+  // Removes the key if it exists (a missing key is not an error).
+  void erase(const std::string& key) override {
     check_key(key);
     std::string req;
     store_detail::encode_erase(req, key);
@@ -179,13 +220,19 @@ class StoreClient final : public KvStore {
   // timeout, so our own deadline gets a grace period on top — the server's MISSING answer must
   // arrive first, or the connection would fall out of step with a late reply still in flight.
   Reply call(const std::string& what, const std::string& request, bool waits) {
+    return call_held(what, request, waits ? timeout_ : 0.0);
+  }
+
+  // The same for a request the server may hold up to `held` seconds (0: answered at once): our
+  // deadline is the timeout, or `held` plus its grace period when that is longer.
+  Reply call_held(const std::string& what, const std::string& request, double held) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!sock_.valid()) {
       throw PeerLostError(who_ + " is unreachable for " + what +
                           ": the connection was lost earlier (" + lost_ + ")");
     }
-    const double grace = waits ? 1.0 + 0.05 * timeout_ : 0.0;
-    const Deadline dl = Deadline::after(timeout_ + grace);
+    const double limit = held > 0 ? std::max(timeout_, held + 1.0 + 0.05 * held) : timeout_;
+    const Deadline dl = Deadline::after(limit);
     Reply r;
     try {
       net::send_all(sock_.fd(), request.data(), request.size(), dl, who_);
@@ -203,7 +250,7 @@ class StoreClient final : public KvStore {
       // The reply may still come: the stream is out of step, so this connection is finished.
       lose(e.what());
       throw TimeoutError("store " + what + " at " + who_ + " got no reply within " +
-                         store_detail::seconds_text(timeout_ + grace) + " s: " + e.what());
+                         store_detail::seconds_text(limit) + " s: " + e.what());
     } catch (const PeerLostError& e) {
       lose(e.what());
       throw PeerLostError(who_ + " was lost during " + what + ": " + e.what());

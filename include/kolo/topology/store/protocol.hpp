@@ -14,6 +14,8 @@
 //   ADD   3 : key:string | delta:i64               OK new:i64               | FAILED
 //   WAIT  4 : wait_ms:u64 | n:u32 | n x string     OK                       | MISSING
 //   ERASE 5 : key:string                           OK
+//   CAS   6 : key:string | expected:string |       OK value now stored: rest of frame
+//             desired: rest of frame
 //
 //   OK 0 : as above;  MISSING 1 : n:u32 | n x string (the keys still absent);
 //   FAILED 2 : message text (e.g. ADD on a value that is not an integer).
@@ -24,6 +26,9 @@
 // check); otherwise the server holds the request up to wait_ms and answers MISSING when it
 // expires, so the connection stays in step and a timed-out get() leaves the client usable.
 // ADD keeps counters as decimal text, so get() on a counter returns "42" (as torch's store does).
+// CAS (compare-and-set) has torch's compareSet semantics: it stores `desired` if the key is absent
+// and `expected` empty, or if the key holds `expected`; it replies with the value stored now, and
+// with `expected` for an absent key and a non-empty `expected` (nothing is stored then).
 // Anything malformed — a length out of range, an unknown op, a string overrunning its frame,
 // trailing bytes — closes that connection without a reply.
 #pragma once
@@ -52,7 +57,7 @@ inline constexpr std::size_t kReadBudgetPerTurn = std::size_t{4} << 20;
 // The longest wait a request may ask for (~115 days): keeps deadline arithmetic far from overflow.
 inline constexpr std::uint64_t kMaxWaitMs = std::uint64_t{10'000'000'000};
 
-enum Op : std::uint8_t { kSet = 1, kGet = 2, kAdd = 3, kWait = 4, kErase = 5 };
+enum Op : std::uint8_t { kSet = 1, kGet = 2, kAdd = 3, kWait = 4, kErase = 5, kCompareSet = 6 };
 enum Status : std::uint8_t { kOk = 0, kMissing = 1, kFailed = 2 };
 
 inline void put_u32(std::string& out, std::uint32_t v) {
@@ -228,8 +233,9 @@ inline FrameHead peek_frame(std::string_view buffered) {
 // One request as decoded from a frame body (tag + payload). The views point into that body.
 struct Request {
   Op op = kSet;
-  std::string_view key;                // SET, GET, ADD, ERASE
-  std::string_view value;              // SET
+  std::string_view key;                // SET, GET, ADD, ERASE, CAS
+  std::string_view value;              // SET; CAS: desired
+  std::string_view expected;           // CAS
   std::int64_t delta = 0;              // ADD
   std::uint64_t wait_ms = 0;           // GET, WAIT
   std::vector<std::string_view> keys;  // WAIT
@@ -243,6 +249,7 @@ inline const char* decode_request(std::string_view body, Request& out) {
   out.keys.clear();
   out.key = {};
   out.value = {};
+  out.expected = {};
   out.delta = 0;
   out.wait_ms = 0;
   switch (op) {
@@ -276,6 +283,13 @@ inline const char* decode_request(std::string_view body, Request& out) {
       out.key = r.str(kMaxKeyBytes);
       if (!r.at_end()) return "bad ERASE";
       break;
+    case kCompareSet:
+      out.key = r.str(kMaxKeyBytes);
+      out.expected = r.str(kMaxValueBytes);
+      out.value = r.rest();
+      if (!r.ok()) return "bad COMPARE_SET";
+      if (out.value.size() > kMaxValueBytes) return "COMPARE_SET value too large";
+      break;
     default:
       return "unknown op";
   }
@@ -303,6 +317,10 @@ void encode_wait(std::string& out, std::uint64_t wait_ms, const Keys& keys) {
 }
 inline void encode_erase(std::string& out, std::string_view key) {
   FrameWriter(out, kErase).str(key).finish();
+}
+inline void encode_compare_set(std::string& out, std::string_view key, std::string_view expected,
+                               std::string_view desired) {
+  FrameWriter(out, kCompareSet).str(key).str(expected).raw(desired).finish();
 }
 
 // ---- replies ----

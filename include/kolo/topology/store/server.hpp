@@ -5,7 +5,7 @@
 //
 // Handshakes run incrementally (net::ServerHandshake) with a budget of 10 s each, at most 64 at
 // once (beyond that, the oldest one if it has had 0.5 s, else the newcomer, is closed); a blocking
-// GET or WAIT becomes a waiter parked on its keys and answered the moment a SET/ADD creates them,
+// GET or WAIT becomes a waiter parked on its keys and answered the moment a write creates them,
 // or with MISSING when its deadline passes — no polling, no spinning. Sockets are non-blocking with
 // per-connection output buffers, so a client that stops reading only stalls itself. The server
 // answers pipelined requests in order: it stops reading a connection's requests while that
@@ -361,6 +361,9 @@ class StoreServer {
         data_.erase(std::string(q.key));
         reply_ok(c);
         break;
+      case kCompareSet:
+        compare_set(c, std::string(q.key), q.expected, q.value);
+        break;
     }
     return nullptr;
   }
@@ -389,6 +392,27 @@ class StoreServer {
     it->second = std::to_string(next);
     encode_ok_i64(c.out, next);
     wake(it->first);
+  }
+
+  // One map operation on the loop thread, so atomic against every other request: torch's
+  // compareSet (store/protocol.hpp). A key it creates or changes wakes its parked waiters.
+  void compare_set(Conn& c, const std::string& key, std::string_view expected,
+                   std::string_view desired) {
+    const auto it = data_.find(key);
+    if (it == data_.end()) {
+      if (!expected.empty()) {
+        store_detail::encode_ok(c.out, expected);  // absent: nothing stored (torch's answer)
+        return;
+      }
+      const auto created = data_.emplace(key, std::string(desired)).first;
+      store_detail::encode_ok(c.out, created->second);
+      wake(created->first);
+      return;
+    }
+    const bool swap = it->second == expected;
+    if (swap) it->second.assign(desired);
+    store_detail::encode_ok(c.out, it->second);
+    if (swap) wake(it->first);
   }
 
   void reply_ok(Conn& c) { store_detail::encode_ok(c.out); }
