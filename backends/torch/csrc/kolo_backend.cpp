@@ -10,10 +10,13 @@
 #include <pybind11/chrono.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 #include <kolo/core/config.hpp>
@@ -70,6 +73,51 @@ class C10dKvStore final : public kolo::KvStore {
   }
   void wait(const std::vector<std::string>& keys) override {
     store_call("wait", keys.empty() ? std::string() : keys.front(), [&] { store_->wait(keys); });
+  }
+  // torch's compareSet (kolo's semantics are torch's); a store without one (a Python Store
+  // subclass that did not implement it) is a ConfigError, as KvStore's default.
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override {
+    const auto v = store_call("compareSet", key, [&] {
+      try {
+        return store_->compareSet(key, std::vector<uint8_t>(expected.begin(), expected.end()),
+                                  std::vector<uint8_t>(desired.begin(), desired.end()));
+      } catch (const c10::NotImplementedError&) {
+        throw kolo::ConfigError(describe() +
+                                " cannot compare-and-set: shrink/grow need kolo's store or "
+                                "torch's TCPStore/FileStore/HashStore");
+      }
+    });
+    return {v.begin(), v.end()};
+  }
+  // Up to 1 s (the short slices of shrink's agreement loop): check() every 2 ms, because torch's
+  // TCPStore logs two warnings on every expired wait(keys, timeout). Longer: torch's wait; its
+  // timeout (a DistStoreError, kolo::TimeoutError through store_call) is the answer false.
+  bool wait_for(const std::vector<std::string>& keys, double seconds) override {
+    if (keys.empty()) return true;
+    const auto check = [&] {
+      return store_call("check", keys.front(), [&] { return store_->check(keys); });
+    };
+    if (!(seconds > 1.0)) {  // NaN too: one check
+      const double s = seconds > 0 ? seconds : 0.0;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(s);
+      for (;;) {
+        if (check()) return true;
+        if (std::chrono::steady_clock::now() >= until) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    }
+    const auto ms = std::chrono::milliseconds(
+        static_cast<std::int64_t>(std::ceil(std::min(seconds, 1e7) * 1000.0)));
+    try {
+      store_call("wait", keys.front(), [&] { store_->wait(keys, ms); });
+      return true;
+    } catch (const kolo::TimeoutError&) {
+      return false;
+    }
+  }
+  void erase(const std::string& key) override {
+    store_call("deleteKey", key, [&] { store_->deleteKey(key); });
   }
   // The TCP store under the prefixes, when there is one: ranks advertise the interface through
   // which they reach it, as with kolo's own store.

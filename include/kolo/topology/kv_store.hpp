@@ -70,15 +70,15 @@ class KvStore {
     throw ConfigError(describe() +
                       " cannot compare-and-set: shrink/grow need kolo's store or torch's");
   }
-  // Waits until every key exists, at most `seconds` (<= 0: checks once, without waiting); true
+  // Waits until every key exists, at most `seconds` (<= 0 or NaN: checks once); true
   // when all exist, false when the time ran out first — expiry is an answer here, not an error
   // (a lost store still throws, as every call does). The store's own deadline does not apply.
   // Default: polls try_get every 2 ms (sleeping between passes), remembering the keys already
   // seen, so a key erased during the wait still counts as seen.
   virtual bool wait_for(const std::vector<std::string>& keys, double seconds) {
     using clock = std::chrono::steady_clock;
-    // NaN or beyond ~115 days: ~115 days (keeps the deadline arithmetic finite).
-    const double limit = std::isnan(seconds) ? 1e7 : std::min(seconds, 1e7);
+    // NaN: one check; beyond ~115 days: ~115 days (keeps the deadline arithmetic finite).
+    const double limit = std::isnan(seconds) ? 0.0 : std::min(seconds, 1e7);
     const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
                                              std::chrono::duration<double>(std::max(limit, 0.0)));
     std::vector<std::string> missing(keys);
