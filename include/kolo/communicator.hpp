@@ -28,6 +28,7 @@
 #include <ranges>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -382,6 +383,34 @@ class Communicator {
   // and a dead peer fails every group that contains it). The parent may be destroyed first.
   std::optional<Communicator> split(int color, int key);
 
+  // ---- surviving a lost rank (communicator/fault.hpp; docs/reliability.md) ----
+
+  // Marks this communicator failed on every rank: this rank's pending and later operations
+  // throw RevokedError, and every peer's fail at their next look at the transport (whatever
+  // call they are in), never a hang. After an earlier failure it changes nothing: the error
+  // that caused it (a PeerLostError) stays the one every operation rethrows. Never throws; from
+  // the thread that uses the communicator (another thread: transport().interrupt()).
+  void revoke(std::string_view why = {});
+  // Whether this communicator has failed or been revoked, as this rank sees it.
+  bool revoked() const { return transport_->aborted(); }
+  // The ranks this rank's failure detector holds for gone now (their process exited, or their
+  // connection was closed); empty for transports that cannot tell.
+  std::vector<int> lost_ranks();
+  // After a failure (or on purpose), the survivors' new communicator: revokes this one, agrees
+  // through the rendezvous store — without the dead ranks' help — on who is gone (every rank
+  // some survivor's detector saw die, every rank in some survivor's `excluded`, and any rank that
+  // has not reached its shrink when 60 % of the timeout has passed), and connects the rest,
+  // renumbered in their old order, with this communicator's transport options and tuning (MPI
+  // ULFM's MPIX_Comm_shrink; ncclCommShrink's explicit list, here agreed rather than trusted).
+  // Collective over the survivors; this communicator stays revoked: `comm = comm.shrink();`.
+  // A rank the others excluded gets RevokedError; fewer than `min_size` survivors an Error on
+  // each. A rank dying during the shrink makes the survivors retry without it. The store must
+  // outlive the lost ranks (kolo-run's, torchrun's agent store, the Spark driver's; not the one
+  // rank 0 hosts under MASTER_ADDR or KOLO_PEERS when rank 0 is the one lost).
+  Communicator shrink(const std::vector<int>& excluded = {}, const ShrinkOptions& so = {});
+  // Where this communicator came from: generation, its parent's ranks, who was excluded.
+  const Lineage& lineage() const { return lineage_; }
+
   // ---- errors of the layers above ----
   // Refuses this rank's next collective call with `e` (a ConfigError for an argument the
   // caller checked itself, say), as if the call had failed inside the communicator: every call
@@ -546,6 +575,8 @@ class Communicator {
   std::vector<std::uint64_t> p2p_sent_;      // per peer: sends posted (signature sequence)
   std::vector<std::uint64_t> p2p_received_;  // per peer: receives posted
   std::uint64_t split_seq_ = 0;
+  Lineage lineage_;                           // shrink's record (fault.hpp)
+  std::optional<TransportOptions<T>> topts_;  // connect()'s, for shrink
   HostGroups groups_;
   std::size_t ring_overlap_lag_ = 0;  // AlgoOptions::ring_overlap_lag (setup_selector)
   Selector selector_;
@@ -567,6 +598,7 @@ class Communicator {
 #include "kolo/communicator/call.hpp"        // call<D>(): a collective by its definition
 #include "kolo/communicator/coalesced.hpp"   // allreduce_coalesced
 #include "kolo/communicator/compressed.hpp"  // allreduce_compressed
+#include "kolo/communicator/fault.hpp"       // revoke, lost_ranks, shrink
 #include "kolo/communicator/gather.hpp"
 #include "kolo/communicator/p2p.hpp"  // send, recv, test, wait
 #include "kolo/communicator/reduce.hpp"

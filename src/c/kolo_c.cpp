@@ -99,6 +99,8 @@ kolo_result_t code_of(const kolo::Error& e, Phase phase) noexcept {
       return KOLO_ERR_MISMATCH;
     case kolo::ErrorKind::config:
       return phase == Phase::setup ? KOLO_ERR_CONFIG : KOLO_ERR_INVALID_ARGUMENT;
+    case kolo::ErrorKind::revoked:
+      return KOLO_ERR_REVOKED;
     case kolo::ErrorKind::generic:
       break;
   }
@@ -226,6 +228,8 @@ const char* kolo_get_error_string(kolo_result_t result) {
       return "configuration error";
     case KOLO_ERR_INTERNAL:
       return "internal error";
+    case KOLO_ERR_REVOKED:
+      return "communicator revoked";
   }
   return "unknown kolo result code";
 }
@@ -301,6 +305,31 @@ kolo_result_t kolo_comm_abort(kolo_comm_t comm) {
       t.abort(kolo::PeerLostError("rank " + std::to_string(owned->comm.rank()) +
                                   " aborted the communicator (kolo_comm_abort)"));
     }
+  });
+}
+
+kolo_result_t kolo_comm_revoke(kolo_comm_t comm, const char* why) {
+  return guard("kolo_comm_revoke", Phase::call,
+               [&] { comm_of(comm).revoke(why == nullptr ? "" : why); });
+}
+
+kolo_result_t kolo_comm_shrink(kolo_comm_t comm, const int* excluded, int n_excluded,
+                               double timeout_seconds, kolo_comm_t* newcomm) {
+  if (newcomm == nullptr)
+    return fail(KOLO_ERR_INVALID_ARGUMENT, "kolo_comm_shrink", "newcomm is NULL");
+  *newcomm = nullptr;
+  return guard("kolo_comm_shrink", Phase::call, [&] {
+    Comm& c = comm_of(comm);
+    if (n_excluded < 0)
+      throw InvalidArgument{"n_excluded " + std::to_string(n_excluded) + " is below 0"};
+    if (n_excluded > 0 && excluded == nullptr) {
+      throw InvalidArgument{"excluded is NULL with n_excluded " + std::to_string(n_excluded)};
+    }
+    std::vector<int> ex;
+    if (n_excluded > 0) ex.assign(excluded, excluded + n_excluded);
+    kolo::ShrinkOptions so;
+    so.timeout_seconds = timeout_seconds;
+    *newcomm = new kolo_comm{c.shrink(ex, so)};
   });
 }
 

@@ -15,6 +15,10 @@
  *                the count and element size on every rank
  *   dead-peer    the last rank exits without a word: KOLO_ERR_PEER_LOST on the others
  *   abort        the last rank calls kolo_comm_abort: KOLO_ERR_PEER_LOST on the others
+ *   shrink       the last rank exits without a word; the others get KOLO_ERR_PEER_LOST, call
+ *                kolo_comm_shrink and run an exact allreduce on the smaller communicator; then
+ *                rank 0 revokes it (kolo_comm_revoke) after a second allreduce: the others'
+ *                may complete or fail, their next call returns KOLO_ERR_REVOKED
  *   timeout      rank 0 waits in an allreduce that rank 1 joins too late (KOLO_TIMEOUT_SECONDS):
  *                KOLO_ERR_TIMEOUT on both (on rank 1 at its allreduce or its next call)
  *   engine-mismatch  ranks submit one name with different counts: KOLO_ERR_MISMATCH on wait
@@ -438,7 +442,7 @@ static void check_local_errors(void) {
   CHECK(kolo_get_abi_version() == KOLO_C_ABI_VERSION);
   CHECK(strcmp(kolo_get_last_error(), "") == 0); /* nothing has failed yet */
   /* Every code has its own string; an unknown one gets a string too. */
-  for (int a = KOLO_SUCCESS; a <= KOLO_ERR_INTERNAL; ++a) {
+  for (int a = KOLO_SUCCESS; a <= KOLO_ERR_REVOKED; ++a) {
     CHECK(kolo_get_error_string((kolo_result_t)a) != NULL);
     for (int b = KOLO_SUCCESS; b < a; ++b) {
       CHECK(strcmp(kolo_get_error_string((kolo_result_t)a),
@@ -622,6 +626,46 @@ static void check_fault(kolo_comm_t comm, int rank, int size) {
     step_result(&log, 1, kolo_allreduce(a, b, 5, KOLO_INT32, KOLO_SUM, comm));
     step_result(&log, 2, kolo_barrier(comm));
     expect_fault(&log, KOLO_ERR_PEER_LOST, aborting ? "kolo_comm_abort" : NULL, 1);
+  } else if (strcmp(mode, "shrink") == 0) {
+    if (rank == size - 1) {
+      printf("KOLO_C_PASS rank=%d mode=%s (exiting)\n", rank, mode);
+      fflush(stdout);
+      _exit(log.code != KOLO_SUCCESS ? 1 : 0);
+    }
+    step_result(&log, 1, kolo_allreduce(a, b, 5, KOLO_INT32, KOLO_SUM, comm));
+    step_result(&log, 2, kolo_barrier(comm));
+    expect_fault(&log, KOLO_ERR_PEER_LOST, NULL, 2);
+    kolo_comm_t small = NULL;
+    const int bad = rank;
+    EXPECT_ERROR(kolo_comm_shrink(comm, &bad, 1, -1, &small), KOLO_ERR_INVALID_ARGUMENT,
+                 "passed itself");
+    CHECK(small == NULL);
+    OK(kolo_comm_shrink(comm, NULL, 0, -1, &small));
+    int r = -1, n = -1;
+    OK(kolo_comm_rank(small, &r));
+    OK(kolo_comm_size(small, &n));
+    CHECK(r == rank && n == size - 1);
+    int32_t in[3] = {rank + 1, 10 * (rank + 1), -rank}, out[3] = {0, 0, 0};
+    const int32_t sum = (int32_t)(n * (n + 1) / 2);
+    OK(kolo_allreduce(in, out, 3, KOLO_INT32, KOLO_SUM, small));
+    CHECK(out[0] == sum && out[1] == 10 * sum && out[2] == -(int32_t)(n * (n - 1) / 2));
+    /* A revocation fails whatever call a peer is in (it carries no call number): the others'
+     * allreduce may complete or return KOLO_ERR_REVOKED; the barrier after it fails. */
+    out[0] = out[1] = out[2] = 0;
+    const kolo_result_t second = kolo_allreduce(in, out, 3, KOLO_INT32, KOLO_SUM, small);
+    if (rank == 0) {
+      CHECK(second == KOLO_SUCCESS);
+      OK(kolo_comm_revoke(small, "the test revokes"));
+    } else if (second == KOLO_SUCCESS) {
+      CHECK(out[0] == sum && out[1] == 10 * sum);
+    } else {
+      CHECK(second == KOLO_ERR_REVOKED && strstr(kolo_get_last_error(), "the test revokes"));
+    }
+    EXPECT_ERROR(kolo_barrier(small), KOLO_ERR_REVOKED, "the test revokes");
+    OK(kolo_comm_destroy(small));
+    /* The old communicator stays failed. */
+    EXPECT_ERROR(kolo_barrier(comm), KOLO_ERR_PEER_LOST, NULL);
+    return;
   } else if (strcmp(mode, "timeout") == 0) {
     const char* t = getenv("KOLO_TIMEOUT_SECONDS");
     CHECK(t != NULL);

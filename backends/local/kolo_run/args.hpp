@@ -49,6 +49,10 @@ constexpr const char* kUsage =
     "  --timeout SECONDS         kill all ranks and exit 124 if the job runs longer\n"
     "  --grace SECONDS           after a rank fails, how long the others may take to exit\n"
     "                            before SIGTERM (default 3); SIGKILL follows 2 s later\n"
+    "  --elastic[=MIN_NP]        a rank that fails while at least MIN_NP ranks (default 1)\n"
+    "                            still run does not end the job: the others may shrink their\n"
+    "                            communicator and go on (docs/reliability.md); the job's status\n"
+    "                            is then the survivors'\n"
     "  --no-prefix               do not prefix output lines with \"[rank] \"\n"
     "  -h, --help                print this help\n"
     "\n"
@@ -72,6 +76,7 @@ struct Options {
   std::string grace_text = "3";
   bool prefix = true;
   bool help = false;
+  int elastic_min = 0;  // --elastic[=MIN_NP]: > 0 tolerates failures while this many ranks run
   std::optional<std::string> ssh;    // --ssh, as written
   std::vector<std::string> exports;  // -x NAME or NAME=VALUE, in order
   std::vector<std::string> command;
@@ -239,6 +244,15 @@ inline Options parse_args(int argc, char** argv) {
       o.ssh = value();
     } else if (name == "-x") {
       o.exports.push_back(value());
+    } else if (name == "--elastic") {
+      o.elastic_min = 1;
+      if (inline_value) {
+        const auto k = parse_int(*inline_value);
+        if (!k || *k < 1) {
+          throw UsageError("--elastic=" + *inline_value + ": MIN_NP must be an integer >= 1");
+        }
+        o.elastic_min = static_cast<int>(*k);
+      }
     } else if (name == "--no-prefix") {
       if (inline_value) throw UsageError("option --no-prefix takes no value");
       o.prefix = false;

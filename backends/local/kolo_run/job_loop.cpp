@@ -272,6 +272,18 @@ void Job::reap() {
   std::vector<Failure> failures;
   reap_pass(failures);
   if (failures.empty() || first_failure_) return;
+  if (o_.elastic_min > 0) {  // --elastic: the others may shrink and go on without them
+    const auto live =
+        std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.alive; }) +
+        static_cast<std::ptrdiff_t>(unspawned_.size());
+    if (live >= o_.elastic_min) {
+      for (const Failure& f : failures) {
+        say("rank " + std::to_string(f.rank) + " lost; continuing with " + std::to_string(live) +
+            " rank(s) (--elastic)");
+      }
+      return;
+    }
+  }
   auto pick =
       std::find_if(failures.begin(), failures.end(), [](const Failure& f) { return f.by_signal; });
   if (pick == failures.end()) pick = failures.begin();

@@ -75,7 +75,10 @@ typedef enum kolo_result KOLO_C_ENUM_BASE {
   KOLO_ERR_CONFIG = 5,
   /* Anything else: an operating-system call failed, out of memory, an unexpected failure
    * inside kolo. The message says what. */
-  KOLO_ERR_INTERNAL = 6
+  KOLO_ERR_INTERNAL = 6,
+  /* A rank revoked the communicator (to shrink it after a failure, or on purpose): every
+   * pending and later operation on it fails with this code. */
+  KOLO_ERR_REVOKED = 7
 } kolo_result_t;
 
 /* ---------------------------------------------------------------- element types and ops */
@@ -161,6 +164,25 @@ KOLO_C_API kolo_result_t kolo_comm_destroy(kolo_comm_t comm);
  * KOLO_ERR_PEER_LOST at once instead of timing out), then frees the communicator, as
  * ncclCommAbort. NULL is accepted. */
 KOLO_C_API kolo_result_t kolo_comm_abort(kolo_comm_t comm);
+
+/* Marks comm failed on every rank (C++ Communicator::revoke): this rank's pending and later
+ * calls on it return KOLO_ERR_REVOKED, and every peer's at their next look at the transport
+ * (or KOLO_ERR_PEER_LOST when a peer was lost first). Not a collective, never blocks; why (may
+ * be NULL) is carried in the peers' messages. comm must still be destroyed. */
+KOLO_C_API kolo_result_t kolo_comm_revoke(kolo_comm_t comm, const char* why);
+
+/* After a failure (or a revoke): the survivors' new communicator in *newcomm (C++
+ * Communicator::shrink). A collective of the surviving ranks: they revoke comm, agree through
+ * the rendezvous store on who is gone (every rank some survivor saw die, every rank in some
+ * survivor's `excluded` list, any rank not arrived within 60 % of the time) and connect the
+ * rest, renumbered in their old order. excluded may be NULL when n_excluded is 0;
+ * timeout_seconds < 0: min(KOLO_TIMEOUT_SECONDS, 10). comm stays revoked; destroy it.
+ * Errors: KOLO_ERR_REVOKED (this rank was excluded by the others), KOLO_ERR_INVALID_ARGUMENT
+ * (a rank out of range, or this rank, in excluded), KOLO_ERR_TIMEOUT, KOLO_ERR_PEER_LOST (the
+ * rendezvous store is gone: it must outlive the lost ranks, e.g. kolo-run's), KOLO_ERR_INTERNAL
+ * (fewer survivors than one). On failure *newcomm is set to NULL. */
+KOLO_C_API kolo_result_t kolo_comm_shrink(kolo_comm_t comm, const int* excluded, int n_excluded,
+                                          double timeout_seconds, kolo_comm_t* newcomm);
 
 /* This rank (0..size-1), the number of ranks, and this rank's index among / the number of the
  * ranks on its host. */

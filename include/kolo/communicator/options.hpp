@@ -1,11 +1,16 @@
 // kolo/communicator/options.hpp — CommunicatorOptions: a communicator's settings (segment and
 // zero-copy sizes, the rooted agreement, the per-collective algorithm rules, the tuning source),
-// read once from KOLO_* (definitions: detail/communicator_impl.hpp), and the name of the
-// transport's own options a constructor may take (TransportOptions<T>).
+// read once from KOLO_* (definitions: detail/communicator_impl.hpp), the name of the
+// transport's own options a constructor may take (TransportOptions<T>), and shrink's options
+// and a communicator's Lineage (communicator/fault.hpp).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "kolo/algorithm/entry.hpp"
 #include "kolo/algorithm/selector.hpp"
@@ -62,6 +67,10 @@ struct CommunicatorOptions {
   // Where the Selector's constants come from (KOLO_TUNING=probe|default|file:PATH); unset: probe
   // for transports that report their routes (shm, tcp, routed), built-in defaults otherwise.
   std::optional<TuningSource> tuning;
+  // The Selector's constants measured already (a communicator that replaces its parent —
+  // Communicator::shrink — runs over the same links): used as they are, no probe, no tuning
+  // source read. Unset: `tuning` decides.
+  std::optional<Tuning> inherited_tuning;
 
   static CommunicatorOptions from_env(const EnvLookup& env = process_env());
 
@@ -92,6 +101,29 @@ struct CommunicatorOptions {
     f(o.reduce_scatter_rules);
     f(o.alltoall_rules);
   }
+};
+
+// Communicator::shrink's options.
+struct ShrinkOptions {
+  // The whole shrink — the survivors' agreement and the new communicator's set-up — in seconds;
+  // < 0: the smaller of the communicator's timeout (KOLO_TIMEOUT_SECONDS) and 10 s. A survivor
+  // that has not reached the shrink when 60 % of it has passed is excluded as if it had died.
+  double timeout_seconds = -1;
+  // Fewer survivors than this: an Error on every survivor instead of a smaller communicator
+  // (Spark's min_np, Horovod's --min-np).
+  int min_size = 1;
+  // For fault-injection tests only: called at each step of the shrink (1 before this rank's
+  // "here" record, 2 after it, 3 after the decision, 4 after the new communicator is built).
+  std::function<void(int step)> test_hook;
+};
+
+// Where a communicator came from: 0 and empty lists for one built from the environment or a
+// store; a shrink's result records which ranks of its parent it kept and which it excluded.
+struct Lineage {
+  std::uint64_t generation = 0;  // +1 per shrink
+  std::string root;              // the store prefix of the first ancestor (the shrink keys' home)
+  std::vector<int> parent_rank;  // this communicator's rank i was its parent's parent_rank[i]
+  std::vector<int> excluded;     // the parent's ranks the survivors agreed to exclude
 };
 
 }  // namespace kolo

@@ -83,6 +83,7 @@ void Communicator<T>::connect(Topology topo, std::shared_ptr<KvStore> store, std
   boot_ = store || !prefix.empty()
               ? std::make_unique<Bootstrap>(std::move(topo), std::move(store), std::move(prefix))
               : std::make_unique<Bootstrap>(std::move(topo));
+  topts_ = topts;  // kept for a shrink's communicator (fault.hpp): the same transport choice
   transport_ = T::connect(*boot_, topts);
   if (!transport_) throw Error("Communicator: the transport's connect() returned nothing");
   topo_ = boot_->topology();
@@ -133,7 +134,9 @@ void Communicator<T>::setup_selector() {
     intra = inter = Route::tcp;
   }
   Tuning tuning;
-  if (source) {
+  if (opts_.inherited_tuning) {
+    tuning = *opts_.inherited_tuning;  // the parent's links, measured already (shrink)
+  } else if (source) {
     try {
       tuning = negotiate_tuning(*transport_, *source, partners,
                                 Deadline::after(transport_->timeout_seconds()));

@@ -3,7 +3,8 @@
 // Users catch kolo::Error for "anything from kolo", or a subclass to react to one kind of fault:
 // TimeoutError (a deadline passed), PeerLostError (a rank died or closed its connection),
 // MismatchError (ranks called a collective with different arguments), ConfigError (a bad
-// environment variable or option). Messages name what is wrong so a user can act on them.
+// environment variable or option), RevokedError (a rank revoked the communicator, e.g. to shrink
+// it after a failure). Messages name what is wrong so a user can act on them.
 #pragma once
 
 #include <stdexcept>
@@ -12,7 +13,15 @@
 namespace kolo {
 
 // Numeric codes travel on the wire when one rank aborts the others (the kind is preserved).
-enum class ErrorKind : int { generic = 1, timeout = 2, peer_lost = 3, mismatch = 4, config = 5 };
+// Append only: the numbers are on the wire.
+enum class ErrorKind : int {
+  generic = 1,
+  timeout = 2,
+  peer_lost = 3,
+  mismatch = 4,
+  config = 5,
+  revoked = 6
+};
 
 class Error : public std::runtime_error {
  public:
@@ -53,6 +62,22 @@ class ConfigError : public Error {
   explicit ConfigError(const std::string& what) : Error(what, ErrorKind::config) {}
 };
 
+// A rank revoked the communicator (Communicator::revoke, or shrink, which revokes the parent
+// first): every pending and later operation on it fails with this error on every rank. A sibling
+// of PeerLostError, not a subclass: a revocation may be a decision with nobody dead. When a peer
+// was lost first, operations keep failing with the PeerLostError that caused the revocation.
+class RevokedError : public Error {
+ public:
+  explicit RevokedError(const std::string& what) : Error(what, ErrorKind::revoked) {}
+};
+
+// True for the errors a survivor can recover from by shrinking the communicator (a peer lost, the
+// communicator revoked, a deadline passed); false for wrong arguments and configuration.
+inline bool recoverable(const Error& e) noexcept {
+  return e.kind() == ErrorKind::peer_lost || e.kind() == ErrorKind::revoked ||
+         e.kind() == ErrorKind::timeout;
+}
+
 // Re-raises an error received from another rank with its original kind.
 [[noreturn]] inline void throw_error(ErrorKind kind, const std::string& what) {
   switch (kind) {
@@ -64,6 +89,8 @@ class ConfigError : public Error {
       throw MismatchError(what);
     case ErrorKind::config:
       throw ConfigError(what);
+    case ErrorKind::revoked:
+      throw RevokedError(what);
     case ErrorKind::generic:
       break;
   }
@@ -81,6 +108,8 @@ inline const char* error_kind_name(ErrorKind kind) noexcept {
       return "MismatchError";
     case ErrorKind::config:
       return "ConfigError";
+    case ErrorKind::revoked:
+      return "RevokedError";
     case ErrorKind::generic:
       break;
   }

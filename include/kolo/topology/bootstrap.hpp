@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kolo/core/compiled_core.hpp"
@@ -67,6 +68,13 @@ class Bootstrap {
 
   // A random token shared by all ranks (names of shared-memory objects).
   const std::string& job_token();
+
+  // Takes over the store server `parent` hosts, if it hosts one (rank 0 under MASTER_ADDR or
+  // KOLO_PEERS): a communicator built to replace its parent (Communicator::shrink) keeps the
+  // store alive after the parent is destroyed. Nothing when this Bootstrap hosts one already.
+  void inherit_server(Bootstrap& parent) noexcept;
+  // Whether this rank hosts the rendezvous store (its loss would end the job's store).
+  bool hosts_store() const noexcept { return server_ != nullptr; }
 
  private:
   void derive_hosts();

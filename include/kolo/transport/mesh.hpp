@@ -26,8 +26,11 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -243,13 +246,61 @@ class MeshTransport : public detail::PoolCompletion<MeshTransport> {
   // the transport (at once under shared memory, whose bell it rings; within 200 ms over TCP).
   // The failure then aborts the transport as any error does, so the peers fail too. For layers
   // that must stop a running operation from outside (kolo_torch's ProcessGroup abort()).
-  void interrupt(const std::string& why) {
+  void interrupt(const std::string& why) { interrupt(ErrorKind::generic, why); }
+  // The same, failing with an error of `kind` (ErrorKind::revoked: Communicator::revoke's).
+  void interrupt(ErrorKind kind, const std::string& why) {
     int expect = 0;
     if (interrupt_state_.compare_exchange_strong(expect, 1, std::memory_order_acq_rel)) {
+      interrupt_kind_ = kind;
       interrupt_why_ = why;
       interrupt_state_.store(2, std::memory_order_release);
     }
     if (own_.valid()) own_.doorbell().ring_self();
+  }
+
+  // Revokes the transport (Communicator::revoke, shrink): records a RevokedError carrying `why`
+  // and tells every peer at once, with no call number, so a peer fails whatever call it is in
+  // (or its next one) instead of finishing an earlier call first. Already aborted: nothing — the
+  // peers have been told the real cause (a PeerLostError stays what every rank rethrows).
+  void revoke(const std::string& why) {
+    if (aborted_) return;
+    abort_origin_ = rank_;
+    abort_seq_ = 0;
+    abort(RevokedError("communicator revoked by rank " + std::to_string(rank_) +
+                       (why.empty() ? std::string() : ": " + why)));
+  }
+
+  // This rank's failure detector, now (no waiting): the peers whose process is gone — a local
+  // peer whose process exited (its pidfd readable, or no such process); a TCP peer whose stream
+  // ended without an ABORT frame while an operation needed it, or, with this rank's host key,
+  // whose process does not exist. A TCP peer on another host that died while nobody talked to
+  // it is not seen here: shrink's agreement excludes it at its deadline.
+  std::vector<int> lost_peers() {
+    std::vector<int> lost;
+    for (int p = 0; p < size_; ++p) {
+      Peer& peer = peers_[static_cast<std::size_t>(p)];
+      bool gone = false;
+      if (peer.route == Route::shm) {
+        if (!peer.shm.dead() && peer.shm.pidfd() >= 0) {
+          pollfd f{peer.shm.pidfd(), POLLIN, 0};
+          if (::poll(&f, 1, 0) > 0 && (f.revents & (POLLIN | POLLHUP | POLLERR))) {
+            peer.shm.mark_dead();
+          }
+        } else if (!peer.shm.dead() && peer.pid > 0 && ::kill(peer.pid, 0) != 0 && errno == ESRCH) {
+          peer.shm.mark_dead();
+        }
+        gone = peer.shm.dead();
+      } else if (peer.route == Route::tcp) {
+        // A closed connection alone says nothing: a failing peer sends its ABORT frame and
+        // shuts its side down, alive. Gone: its stream ended with no ABORT while this rank still
+        // needed it (peer_died), or, on this host, its process does not exist.
+        gone = peer.died || (host_keys_[static_cast<std::size_t>(p)] ==
+                                 host_keys_[static_cast<std::size_t>(rank_)] &&
+                             peer.pid > 0 && ::kill(peer.pid, 0) != 0 && errno == ESRCH);
+      }
+      if (gone) lost.push_back(p);
+    }
+    return lost;
   }
 
   // Non-blocking: makes progress and throws this transport's error if it has been aborted
@@ -272,6 +323,7 @@ class MeshTransport : public detail::PoolCompletion<MeshTransport> {
     detail::ShmChannel shm;
     detail::TcpChannel tcp;
     detail::OpQueue sendq, recvq;
+    bool died = false;  // peer_died(): its channel ended with no ABORT (lost_peers)
   };
 
   // ---------------- setup ----------------
@@ -359,7 +411,9 @@ class MeshTransport : public detail::PoolCompletion<MeshTransport> {
   }
 
   void check_abort_flag() {
-    if (interrupt_state_.load(std::memory_order_acquire) == 2) throw Error(interrupt_why_);
+    if (interrupt_state_.load(std::memory_order_acquire) == 2) {
+      throw_error(interrupt_kind_, interrupt_why_);
+    }
     if (own_.abort_posted() && own_.abort_serial() != seen_abort_serial_) {
       const std::uint32_t serial = own_.abort_serial();
       if (const auto a = own_.abort_record()) {  // else torn by a peer rewriting it: next pass
@@ -401,6 +455,7 @@ class MeshTransport : public detail::PoolCompletion<MeshTransport> {
   }
 
   [[noreturn]] void peer_died(int p, const detail::StreamOp& op) {
+    peers_[static_cast<std::size_t>(p)].died = true;
     throw PeerLostError("rank " + std::to_string(p) + " (pid " +
                         std::to_string(peers_[static_cast<std::size_t>(p)].pid) +
                         ") exited or was killed during " + op.sig.describe() +
@@ -449,6 +504,7 @@ class MeshTransport : public detail::PoolCompletion<MeshTransport> {
           // rather than report a lost connection here.
           if (const auto a = peer.tcp.queued_abort()) throw_remote(*a);
           peer.tcp.mark_closed();
+          peer.died = true;
           throw PeerLostError("connection to rank " + std::to_string(p) + " lost during " +
                               op.sig.describe() + ": " + net::errno_text(peer.tcp.error()) +
                               "; detected by rank " + std::to_string(rank_));
@@ -615,6 +671,7 @@ class MeshTransport : public detail::PoolCompletion<MeshTransport> {
   std::uint32_t seen_abort_serial_ = 0;      // the abort record's write last read
   // interrupt(): 0 none, 1 being set, 2 set (interrupt_why_ written before)
   std::atomic<int> interrupt_state_{0};
+  ErrorKind interrupt_kind_ = ErrorKind::generic;
   std::string interrupt_why_;
 };
 

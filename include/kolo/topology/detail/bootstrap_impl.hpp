@@ -90,6 +90,10 @@ KOLO_IMPL_INLINE std::vector<std::string> Bootstrap::allgather(const std::string
   return out;
 }
 
+KOLO_IMPL_INLINE void Bootstrap::inherit_server(Bootstrap& parent) noexcept {
+  if (!server_) server_ = std::move(parent.server_);
+}
+
 KOLO_IMPL_INLINE void Bootstrap::barrier(const std::string& name) {
   if (topo_.size == 1) return;
   const std::string key = prefix_ + name + "/count";

@@ -304,7 +304,7 @@ class ShmSegment {
     // by the record's size (strnlen), whatever the writer left in it.
     const std::int32_t kind = ctrl_->abort_kind;
     const bool known = kind >= static_cast<std::int32_t>(ErrorKind::generic) &&
-                       kind <= static_cast<std::int32_t>(ErrorKind::config);
+                       kind <= static_cast<std::int32_t>(ErrorKind::revoked);
     RemoteAbort a{known ? static_cast<ErrorKind>(kind) : ErrorKind::generic, ctrl_->abort_origin,
                   std::string(ctrl_->reason, ::strnlen(ctrl_->reason, sizeof(ctrl_->reason))),
                   ctrl_->abort_seq};
