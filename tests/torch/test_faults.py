@@ -8,6 +8,11 @@ kill      3 ranks train a DDP model (group timeout 30 s); the driver SIGKILLs ra
           survivor that missed the loss and reached its deadline fails), and no rank process
           may remain. KOLO_TEST_SABOTAGE=timeout makes the survivors report a timeout at the
           deadline instead (to show the check fails).
+shrink    3 and 4 ranks run exact all_reduces; the driver SIGKILLs the last rank; every survivor
+          catches the error, calls dist.shrink_group([victim]) and checks rank, size and 20
+          exact all_reduces on the new default group, then exits 0. Each survivor must be done
+          shrinking within a quarter of the 30 s group timeout of the kill (the figure printed
+          is the time to the first all_reduce on the new group), and no rank process may remain.
 mismatch  2 ranks: all_reduce of 10 vs 11 elements, then all_reduce vs broadcast on a fresh
           group: every rank raises a RuntimeError naming both sides.
 hang      2 ranks, a 4 s group timeout: rank 1 sleeps instead of calling all_reduce; rank 0's
@@ -116,6 +121,37 @@ def rank_main(r, n, config):
             at = time.monotonic()
             print(f"rank {r} raised after step {step} at {at:.6f}: {e}", flush=True)
             sys.exit(3)
+    if mode == "shrink":
+        victim = config["victim"]
+        step = 0
+        try:
+            while True:  # until the driver kills the victim
+                t = torch.full((4096,), float(r + 1))
+                dist.all_reduce(t)
+                assert torch.all(t == n * (n + 1) / 2), t
+                step += 1
+                if step == 5:
+                    print("training", flush=True)
+                time.sleep(0.005)
+        except RuntimeError as e:
+            print(f"rank {r} caught after step {step}: {str(e)[:120]}", flush=True)
+        g = dist.shrink_group([victim])
+        m = n - 1
+        nr = dist.get_rank()
+        t = torch.full((4096,), float(nr + 1))
+        dist.all_reduce(t)
+        at = time.monotonic()
+        assert dist.get_world_size() == m and g.size() == m, (dist.get_world_size(), g.size())
+        assert nr == (r if r < victim else r - 1), (r, nr)
+        assert torch.all(t == m * (m + 1) / 2), t
+        for i in range(20):
+            t = torch.arange(1000, dtype=torch.float64) * (nr + 1) + i
+            dist.all_reduce(t)
+            want = torch.arange(1000, dtype=torch.float64) * (m * (m + 1) / 2) + m * i
+            assert torch.equal(t, want), (i, t[:4], want[:4])
+        print(f"rank {r} shrank to rank {nr} of {m} at {at:.6f}", flush=True)
+        dist.destroy_process_group()
+        os._exit(0)
     if mode == "mismatch":
         errors = []
         try:
@@ -559,6 +595,43 @@ def drive_kill(script):
     return ok
 
 
+def drive_shrink(script):
+    ok = True
+    for world in (3, 4):
+        victim = world - 1  # rank 0 hosts torch's TCPStore here: it must survive
+        config = {"name": f"shrink{world}", "world": world, "mode": "shrink", "victim": victim,
+                  "unset": OWN_TIMEOUT, "timeout": KILL_TIMEOUT_S}
+        procs, _ = harness.start_ranks(script, world, config)
+        t0 = time.monotonic()
+        line = ""
+        while "training" not in line and time.monotonic() - t0 < 60:
+            line = procs[0].stdout.readline()
+            if not line and procs[0].poll() is not None:
+                break
+        killed_at = time.monotonic()
+        os.kill(procs[victim].pid, signal.SIGKILL)
+        limit = DETECT_FRACTION * KILL_TIMEOUT_S
+        outs = harness.finish(procs, 2 * limit + 5)
+        good = outs[victim][0] == -signal.SIGKILL
+        back = 0.0
+        for r in range(world - 1):
+            rc, out = outs[r]
+            m = re.search(rf"rank {r} shrank to rank {r} of {world - 1} at ([0-9.]+)", out)
+            if rc != 0 or not m:
+                good = False
+            else:
+                back = max(back, float(m.group(1)) - killed_at)
+        left = alive([p.pid for p in procs])
+        print(f"  result: shrink {world} ranks: every survivor's first all_reduce on the shrunk "
+              f"group completed within {back:.3f} s of the SIGKILL (limit {limit:.1f} s); "
+              f"processes left: {left}")
+        good = good and not left and back <= limit
+        if not good:
+            harness.report(f"shrink{world}", outs)
+        ok = ok and good
+    return ok
+
+
 def drive_mismatch(script):
     config = {"name": "mismatch", "world": 2, "mode": "mismatch"}
     return harness.run_config(script, config, 60)
@@ -673,7 +746,8 @@ if __name__ == "__main__":
         sys.exit(0)
     script = os.path.abspath(sys.argv[0])
     passed = failed = 0
-    for name, fn in (("kill", drive_kill), ("mismatch", drive_mismatch), ("hang", drive_hang),
+    for name, fn in (("kill", drive_kill), ("shrink", drive_shrink), ("mismatch", drive_mismatch),
+                     ("hang", drive_hang),
                      ("stranger", drive_stranger), ("release", drive_release),
                      ("refused", drive_refused)):
         if args.only and args.only not in name:

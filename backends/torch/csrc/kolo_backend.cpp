@@ -727,6 +727,53 @@ KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   add_worker_locked();
 }
 
+KoloBackend::KoloBackend(std::unique_ptr<Comm> comm, std::chrono::milliseconds timeout)
+    : c10d::Backend(comm->rank(), comm->size()),
+      comm_(std::move(comm)),
+      timeout_(timeout),
+      options_(c10::make_intrusive<Options>("kolo", timeout)),
+      sched_(std::make_shared<Sched>()) {
+  sched_->refuse = [this](const std::string& why) { refuse_now(why); };
+  std::lock_guard<std::mutex> lock(sched_->mu);
+  add_worker_locked();
+}
+
+c10::intrusive_ptr<c10d::Backend> KoloBackend::shrink(const std::vector<int64_t>& ranks_to_exclude,
+                                                      int shrink_flags,
+                                                      const c10::intrusive_ptr<Options>& opts) {
+  (void)shrink_flags;  // kolo always revokes first (SHRINK_ABORT's meaning)
+  std::vector<int> excluded;
+  for (const auto r : ranks_to_exclude) excluded.push_back(static_cast<int>(r));
+  std::sort(excluded.begin(), excluded.end());
+  const std::chrono::milliseconds timeout = opts ? opts->timeout : timeout_;
+  std::unique_ptr<Comm> next;
+  {
+    // No GIL to release: torch's binding of Backend.shrink runs without it.
+    quiesce(true, "the process group is being shrunk (torch.distributed.shrink_group)");
+    if (!comm_) fail("shrink: this process group has been shut down");
+    kolo::ShrinkOptions so;
+    if (opts) so.timeout_seconds = static_cast<double>(timeout.count()) / 1000.0;
+    try {
+      next = std::make_unique<Comm>(comm_->shrink(excluded, so));
+    } catch (const std::exception& e) {
+      fail(std::string("shrink_group: ") + e.what());
+    }
+  }
+  const std::vector<int>& agreed = next->lineage().excluded;
+  if (agreed != excluded) {
+    auto text = [](const std::vector<int>& v) {
+      std::string t = "[";
+      for (int r : v) t += (t.size() > 1 ? ", " : "") + std::to_string(r);
+      return t + "]";
+    };
+    fail("shrink_group(" + text(excluded) + "): the surviving ranks agree that " + text(agreed) +
+         " are gone; torch numbers the new group from the list it is given, so call "
+         "dist.shrink_group(" +
+         text(agreed) + ") (kolo_torch.lost_ranks() is this rank's view)");
+  }
+  return c10::make_intrusive<KoloBackend>(std::move(next), timeout);
+}
+
 KoloBackend::~KoloBackend() {
   stop(false, "the process group was destroyed");
 }
@@ -906,6 +953,14 @@ void KoloBackend::worker_loop() {
 }
 
 void KoloBackend::stop(bool abort_now, const std::string& why) {
+  quiesce(abort_now, why);
+#ifdef KOLO_TORCH_CUDA
+  cuda_.reset();
+#endif
+  comm_.reset();
+}
+
+void KoloBackend::quiesce(bool abort_now, const std::string& why) {
   Sched& s = *sched_;
   std::deque<std::shared_ptr<Task>> dropped;
   {
@@ -947,10 +1002,6 @@ void KoloBackend::stop(bool abort_now, const std::string& why) {
     std::unique_lock<std::mutex> lock(s.mu);
     s.cv.wait(lock, [&s] { return !s.busy; });
   }
-#ifdef KOLO_TORCH_CUDA
-  cuda_.reset();
-#endif
-  comm_.reset();
 }
 
 void KoloBackend::abort() {

@@ -65,6 +65,13 @@
 #if !KOLO_TORCH_AT_LEAST(2, 9)
 #error "kolo_torch needs torch 2.9 or later (c10d::Backend's split and getBackendOptions)"
 #endif
+// c10d::Backend::supportsShrinking/shrink (torch.distributed.shrink_group): in torch 2.15, not
+// in 2.9 (the versions between were not checked); on older torch these are plain members.
+#if KOLO_TORCH_AT_LEAST(2, 15)
+#define KOLO_TORCH_SHRINK_OVERRIDE override
+#else
+#define KOLO_TORCH_SHRINK_OVERRIDE
+#endif
 #if KOLO_TORCH_AT_LEAST(2, 14)
 #define KOLO_TORCH_SINGLE_OVERRIDE override
 #else
@@ -113,6 +120,8 @@ class KoloBackend : public c10d::Backend {
   // KOLO_TIMEOUT_SECONDS is set.
   KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
               std::chrono::milliseconds timeout);
+  // Over a communicator built already (shrink's result): its rank and size.
+  KoloBackend(std::unique_ptr<Comm> comm, std::chrono::milliseconds timeout);
   ~KoloBackend() override;
 
   // torch.distributed.Backend.register_backend's creator: (store, rank, size, timeout).
@@ -194,6 +203,17 @@ class KoloBackend : public c10d::Backend {
                                           const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
 
+  // torch.distributed.shrink_group: the survivors' new backend (kolo::Communicator::shrink).
+  // Queued operations fail, the running one is interrupted, then the survivors agree through
+  // the store on who is gone; that set must equal ranks_to_exclude (torch numbers the new group
+  // from the list), else every survivor raises naming both. SHRINK_DEFAULT and SHRINK_ABORT
+  // alike: kolo always revokes the old communicator first. opts_override's timeout bounds the
+  // shrink and the new group's collectives. This backend is unusable afterwards.
+  bool supportsShrinking() const KOLO_TORCH_SHRINK_OVERRIDE { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranks_to_exclude, int shrink_flags = 0,
+      const c10::intrusive_ptr<Options>& opts_override = nullptr) KOLO_TORCH_SHRINK_OVERRIDE;
+
   // Fails every queued operation at once, interrupts the running one (it fails on this rank
   // and, through kolo's abort, on its peers), joins the worker and releases the connections;
   // later calls raise.
@@ -219,6 +239,8 @@ class KoloBackend : public c10d::Backend {
   // work is pending.
   void add_worker_locked();
   void stop(bool abort_now, const std::string& why);
+  // stop() up to the release: no worker left and the communicator free (not reset).
+  void quiesce(bool abort_now, const std::string& why);
   // True when `t` takes the NCCL path (a CUDA build, a contiguous CUDA tensor).
   bool on_nccl(const at::Tensor& t) const;
 
