@@ -26,11 +26,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -320,6 +322,18 @@ inline JobResult kolo_run(int np, const std::vector<std::string>& worker_args,
   r.seconds = p->seconds();
   r.out = p->output();
   return r;
+}
+
+// The names in /dev/shm that kolo creates ("kolo-<token>-<rank>" and their ".bell"s): compared
+// before and after a case, nothing may be left.
+inline std::set<std::string> dev_shm_kolo() {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind("kolo-", 0) == 0) names.insert(f);
+  }
+  return names;
 }
 
 inline std::uint16_t unused_port() {

@@ -6,7 +6,6 @@
 // the environment contract kolo-run would otherwise fill in correctly, and to know every data
 // port in advance). Every subprocess has a hard wall-clock limit: when it passes, the processes
 // are killed and the case fails, so a bug shows up as a failure rather than a stuck CTest.
-#include <filesystem>
 #include <set>
 #include <string>
 
@@ -196,15 +195,6 @@ TEST_CASE("errors reach every rank across hosts (routed, 2 + 2 ranks)") {
 // And on Buffers from Communicator::allocate, read in place over shared memory (a Buffer over
 // TCP is ordinary memory): the peer dies while the others read its memory, and nothing is left
 // in /dev/shm afterwards (the buffers are memfds, without names).
-std::set<std::string> dev_shm_kolo() {
-  std::set<std::string> names;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    const std::string f = e.path().filename().string();
-    if (f.rfind("kolo-", 0) == 0) names.insert(f);
-  }
-  return names;
-}
 
 void killed_mid_allreduce(const std::vector<int>& nps, const char* variant) {
   const std::string v = variant;

@@ -13,7 +13,6 @@
 //
 // KOLO_SHRINK_TRIALS (default 6) random trials per transport, 2 at a time; KOLO_FAULT_SEED
 // replays a run.
-#include <filesystem>
 #include <set>
 #include <sstream>
 
@@ -26,16 +25,6 @@
 using namespace kolo_faults;
 
 namespace {
-
-std::set<std::string> dev_shm_kolo() {
-  std::set<std::string> names;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    const std::string f = e.path().filename().string();
-    if (f.rfind("kolo-", 0) == 0) names.insert(f);
-  }
-  return names;
-}
 
 struct ShrinkSpec {
   int np = 4;

@@ -553,18 +553,22 @@ def peer_lost_at(out, r, victim):
     return None
 
 
+def wait_training(proc, limit=60):
+    """Reads proc's output until its "training" line (or its end, or limit seconds)."""
+    t0 = time.monotonic()
+    line = ""
+    while "training" not in line and time.monotonic() - t0 < limit:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+
+
 def drive_kill(script):
     victim = 1
     config = {"name": "kill", "world": 3, "mode": "kill", "unset": OWN_TIMEOUT,
               "timeout": KILL_TIMEOUT_S}
     procs, _ = harness.start_ranks(script, 3, config)
-    # wait until rank 0 trains
-    t0 = time.monotonic()
-    line = ""
-    while "training" not in line and time.monotonic() - t0 < 60:
-        line = procs[0].stdout.readline()
-        if not line and procs[0].poll() is not None:
-            break
+    wait_training(procs[0])
     killed_at = time.monotonic()
     os.kill(procs[victim].pid, signal.SIGKILL)
     limit = DETECT_FRACTION * KILL_TIMEOUT_S
@@ -602,12 +606,7 @@ def drive_shrink(script):
         config = {"name": f"shrink{world}", "world": world, "mode": "shrink", "victim": victim,
                   "unset": OWN_TIMEOUT, "timeout": KILL_TIMEOUT_S}
         procs, _ = harness.start_ranks(script, world, config)
-        t0 = time.monotonic()
-        line = ""
-        while "training" not in line and time.monotonic() - t0 < 60:
-            line = procs[0].stdout.readline()
-            if not line and procs[0].poll() is not None:
-                break
+        wait_training(procs[0])
         killed_at = time.monotonic()
         os.kill(procs[victim].pid, signal.SIGKILL)
         limit = DETECT_FRACTION * KILL_TIMEOUT_S

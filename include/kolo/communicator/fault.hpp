@@ -275,8 +275,9 @@ Communicator<T> Communicator<T>::shrink(const std::vector<int>& excluded, const 
       const std::string prefix =
           root + "g" + std::to_string(lineage_.generation + 1) + "." + std::to_string(round) + "/";
       std::optional<Communicator> next;
-      // While it is built, a member's death, a member's failed build or the end of the shrink's
-      // time ends the new communicator's waits (WatchedStore), not the store's own deadline.
+      // While it is built and in the commit barrier, a member's death, a member's failed build
+      // or the end of the shrink's time ends the waits (WatchedStore, the barrier below), not
+      // the store's own deadline.
       auto check = [&] {
         if (auto f = st.try_get(base + "failed")) throw Error("a member's set-up failed: " + *f);
         for (int r : lost_ranks()) {
@@ -304,21 +305,13 @@ Communicator<T> Communicator<T>::shrink(const std::vector<int>& excluded, const 
         // Every member built, or none returns: a member that fails here (another member's
         // build failed, a member died, the time is up) first looks once more, because the
         // built/* keys stay — if they are all there, the others may have returned already.
-        for (;;) {
-          if (st.wait_for(built, 0.005)) break;
-          std::string why;
-          if (auto f = st.try_get(base + "failed")) {
-            why = "a member's set-up failed: " + *f;
-          } else if (elapsed() >= budget) {
-            why = "members did not finish their set-up";
-          } else {
-            for (int r : lost_ranks()) {
-              if (!decided.count(r)) why = "rank " + std::to_string(r) + " died during the shrink";
-            }
+        while (!st.wait_for(built, 0.005)) {
+          try {
+            check();
+          } catch (const Error&) {
+            if (st.wait_for(built, 0)) break;
+            throw;
           }
-          if (why.empty()) continue;
-          if (st.wait_for(built, 0)) break;
-          throw Error(why);
         }
       } catch (const Error& e) {
         last_failure = e.what();
