@@ -169,6 +169,23 @@ class Engine {
 
   EngineStats stats() const;
 
+  // After a failure, the survivors' engine: the next engine over Communicator::shrink(excluded,
+  // so) — collective over the survivors, as shrink is; every survivor calls it. The handles of
+  // the failed engine stay failed (their tensors may hold partial results: "drop and continue"
+  // means the caller restores what it committed and submits again, as ElasticState and
+  // run_elastic do); names are negotiated once more, the options stay (a timeline file gets
+  // ".g<generation>" appended). rank() and size() are the new communicator's afterwards. Called
+  // on a healthy engine (to exclude a live rank on purpose), it revokes the engine's
+  // communicator first, which fails every rank's engine (transports that can be interrupted
+  // from another thread: MeshTransport, the default; others: ConfigError). Not concurrent with
+  // any other call on this engine. If the shrink fails (this rank was excluded, too few
+  // survivors), its error is thrown and the engine stays failed.
+  void recover(const std::vector<int>& excluded = {}, const ShrinkOptions& so = {});
+
+  // How many recoveries (shrinks) this engine's communicator descends from: 0 until the first
+  // recover(); Communicator::lineage() has the rest.
+  std::uint64_t generation();
+
   // The communicator, for blocking collectives while the engine is idle (not thread-safe
   // against the engine's own cycles: use the engine or the communicator, not both at once).
   Communicator<T>& communicator();

@@ -84,6 +84,10 @@ class EngineCore {
   void shutdown();
   EngineStats stats() const;
   Communicator<T>& communicator() { return comm_; }
+  const EngineOptions& options() const { return opts_; }
+  // Stops the progress thread for Engine::recover: a healthy engine's communicator is revoked
+  // first (every rank's engine fails), then the thread is joined.
+  void halt();
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
 
@@ -626,6 +630,26 @@ void EngineCore<T>::shutdown() {
 }
 
 template <class T>
+void EngineCore<T>::halt() {
+  bool running;
+  {
+    std::lock_guard lock(mu_);
+    running = !stopped_ && !inbox_.dead;
+  }
+  if (running) {
+    if constexpr (requires(T & t) { t.interrupt(ErrorKind::revoked, std::string()); }) {
+      comm_.transport().interrupt(ErrorKind::revoked,
+                                  "Engine::recover on rank " + std::to_string(rank()));
+    } else {
+      throw ConfigError(
+          "Engine::recover: the engine has not failed, and its transport cannot be interrupted "
+          "from another thread; call recover() after the engine failed (a PeerLostError)");
+    }
+  }
+  shutdown();
+}
+
+template <class T>
 EngineStats EngineCore<T>::stats() const {
   std::lock_guard lock(mu_);
   return stats_;
@@ -688,6 +712,25 @@ void Engine<T>::shutdown() {
 template <class T>
 EngineStats Engine<T>::stats() const {
   return core_->stats();
+}
+
+template <class T>
+void Engine<T>::recover(const std::vector<int>& excluded, const ShrinkOptions& so) {
+  core_->halt();
+  Communicator<T> next = core_->communicator().shrink(excluded, so);
+  EngineOptions opts = core_->options();
+  if (!opts.timeline.empty()) {
+    opts.timeline += ".g" + std::to_string(next.lineage().generation);
+  }
+  core_.reset();  // the failed engine and its revoked communicator
+  rank_ = next.rank();
+  size_ = next.size();
+  core_ = std::make_unique<EngineCore<T>>(std::move(next), std::move(opts));
+}
+
+template <class T>
+std::uint64_t Engine<T>::generation() {
+  return core_->communicator().lineage().generation;
 }
 
 template <class T>

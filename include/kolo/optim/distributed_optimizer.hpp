@@ -278,6 +278,23 @@ class DistributedOptimizer {
     handles.clear();
   }
 
+  // Forgets this step's gradients and their handles, as if step() had just returned: after the
+  // engine failed (the handles hold its error; the grad spans may hold partial sums), before
+  // the training loop resumes from a restored commit (ElasticState::restore calls it).
+  void reset_pending() {
+    std::lock_guard lock(mu_);
+    list_ = Handle();
+    for (Slot& s : slots_) {
+      s.handle = Handle();
+      s.passes = 0;
+    }
+    for (Bucket& b : buckets_) {
+      b.handle = Handle();
+      b.waiting = b.members.size();
+    }
+    waiting_.clear();
+  }
+
   // synchronize(), then the wrapped optimizer's step on the averaged gradients.
   void step() {
     synchronize();

@@ -1,0 +1,249 @@
+// Elastic training after a lost rank: ranks under `kolo-run --elastic` train a model with
+// DistributedOptimizer under kolo::run_elastic (elastic_train_worker.cpp); the driver SIGKILLs
+// one rank (or two) at a random moment of the training, or a rank kills itself in the middle of
+// an engine step (half its buckets submitted). Checked on every survivor: it finished all steps,
+// its parameters equal the worker's bit-for-bit replay of the recorded world sizes (no step
+// applied twice or lost, every update summed over the right ranks), all survivors hold the same
+// parameters (one digest), the history starts at N ranks and ends at N minus the dead, it went
+// through at least one reset naming the dead ranks, kolo-run's status is 0, and nothing is left
+// behind (no process of the job, no new /dev/shm/kolo-* name).
+//
+// KOLO_ELASTIC_TRAIN_TRIALS (default 4) random trials per transport, 2 at a time;
+// KOLO_FAULT_SEED replays a run.
+#include <set>
+#include <sstream>
+
+#include "harness.hpp"
+
+#ifndef KOLO_ELASTIC_TRAIN_WORKER_EXE
+#error "KOLO_ELASTIC_TRAIN_WORKER_EXE (path of elastic_train_worker) must be defined by the build"
+#endif
+
+using namespace kolo_faults;
+
+namespace {
+
+struct TrainSpec {
+  int np = 4;
+  std::string transport = "shm";
+  std::vector<int> victims;  // killed by the driver after delay_ms
+  int die_rank = -1;         // kills itself in step die_step, its buckets half submitted
+  long die_step = 0;
+  int delay_ms = 100;
+  std::uint64_t seed = 1;
+};
+
+struct TrainResult {
+  std::vector<std::string> failures;
+  std::string out;
+};
+
+std::string field(const std::string& line, const std::string& key) {
+  const auto at = line.find(" " + key + "=");
+  if (at == std::string::npos) return "";
+  const auto from = at + key.size() + 2;
+  return line.substr(from, line.find(' ', from) - from);
+}
+
+// "4x120,3x180": the sizes in order and the steps they sum to.
+std::vector<std::pair<int, long>> parse_history(const std::string& h) {
+  std::vector<std::pair<int, long>> out;
+  std::istringstream in(h);
+  for (std::string part; std::getline(in, part, ',');) {
+    const auto x = part.find('x');
+    if (x == std::string::npos) return {};
+    out.emplace_back(std::atoi(part.c_str()), std::atol(part.c_str() + x + 1));
+  }
+  return out;
+}
+
+TrainResult run_train(const TrainSpec& spec) {
+  TrainResult res;
+  auto fail = [&](const std::string& why) { res.failures.push_back(why); };
+  const long steps = 300;
+  std::vector<std::string> env = {"KOLO_TRANSPORT=" + spec.transport, "KOLO_TIMEOUT_SECONDS=10",
+                                  "KOLO_TRAIN_STEPS=" + std::to_string(steps)};
+  if (spec.die_rank >= 0) {
+    env.push_back("KOLO_TEST_TRAIN_DIE=" + std::to_string(spec.die_rank) + ":" +
+                  std::to_string(spec.die_step));
+  }
+  const double limit = 40;
+  auto job = start_kolo_run(spec.np, {"--elastic"}, {}, env, limit, /*grace=*/5,
+                            {KOLO_ELASTIC_TRAIN_WORKER_EXE});
+  const bool looping =
+      pump({job.get()}, 30, [&] { return count_of(job->output(), "KOLO_LOOP rank=") == spec.np; });
+  auto ranks = rank_processes(job->output());
+  if (!looping || static_cast<int>(ranks.size()) != spec.np) {
+    fail("the ranks did not all start training");
+    finish_all({job.get()}, 1);
+    res.out = job->output();
+    return res;
+  }
+  if (!spec.victims.empty()) {
+    pump({job.get()}, spec.delay_ms / 1000.0, [] { return false; });
+    for (int v : spec.victims) ::kill(ranks[v].pid, SIGKILL);
+  }
+  const bool finished = finish_all({job.get()}, limit + 5);
+  res.out = job->output();
+  if (!finished) fail("kolo-run did not finish (a hang)");
+  if (job->code() != 0) fail("kolo-run exited with " + std::to_string(job->code()));
+  if (contains(res.out, "KOLO_WRONG")) fail("a rank's parameters differ from the replay");
+  std::set<int> gone(spec.victims.begin(), spec.victims.end());
+  if (spec.die_rank >= 0) gone.insert(spec.die_rank);
+  std::string want_lost;
+  for (int v : gone) want_lost += (want_lost.empty() ? "" : ",") + std::to_string(v);
+  const int new_size = spec.np - static_cast<int>(gone.size());
+  std::map<int, std::string> trained;
+  std::map<int, std::set<std::string>> lost_named;  // survivor -> the lost= of its resets
+  std::set<int> reset_at_zero;  // survivors whose first reset restored step 0 (no N-rank step)
+  std::istringstream lines(res.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (const auto at = line.find("KOLO_TRAINED rank="); at != std::string::npos) {
+      trained[std::atoi(line.c_str() + at + 18)] = line.substr(at);
+    }
+    if (const auto at = line.find("KOLO_RESET rank="); at != std::string::npos) {
+      const int who = std::atoi(line.c_str() + at + 16);
+      if (!lost_named.count(who) && field(line.substr(at), "step") == "0") {
+        reset_at_zero.insert(who);
+      }
+      lost_named[who].insert(field(line.substr(at), "lost"));
+    }
+  }
+  std::string digest;
+  int next = 0;
+  for (int r = 0; r < spec.np; ++r) {
+    if (gone.count(r)) continue;
+    const std::string who = "survivor " + std::to_string(r);
+    const auto it = trained.find(r);
+    if (it == trained.end()) {
+      fail(who + " did not finish training");
+      ++next;
+      continue;
+    }
+    const std::string& l = it->second;
+    if (field(l, "steps") != std::to_string(steps)) fail(who + ": steps " + field(l, "steps"));
+    if (field(l, "size") != std::to_string(new_size)) fail(who + ": size " + field(l, "size"));
+    if (field(l, "new_rank") != std::to_string(next)) {
+      fail(who + ": new rank " + field(l, "new_rank") + ", not " + std::to_string(next));
+    }
+    if (std::atoi(field(l, "resets").c_str()) < 1) fail(who + " went through no reset");
+    if (digest.empty()) digest = field(l, "digest");
+    if (field(l, "digest") != digest) fail(who + "'s parameters differ from the other survivors'");
+    const auto h = parse_history(field(l, "history"));
+    long total = 0;
+    for (std::size_t i = 0; i < h.size(); ++i) {
+      total += h[i].second;
+      if (i > 0 && h[i].first >= h[i - 1].first) fail(who + ": the world size grew in its history");
+    }
+    // A rank killed before the first step completed leaves no step at N ranks.
+    const bool front_ok = !h.empty() && (reset_at_zero.count(r) ? h.front().first <= spec.np
+                                                                : h.front().first == spec.np);
+    if (!front_ok || h.back().first != new_size || total != steps) {
+      fail(who + ": history " + field(l, "history") + " is not " + std::to_string(spec.np) +
+           " ranks, then " + std::to_string(new_size) + ", over " + std::to_string(steps) +
+           " steps");
+    }
+    // Two deaths may be handled by one reset or by two; together they name every dead rank.
+    std::set<int> named;
+    for (const std::string& s : lost_named[r]) {
+      std::istringstream in(s);
+      for (std::string q; std::getline(in, q, ',');) named.insert(std::atoi(q.c_str()));
+    }
+    std::string named_text;
+    for (int q : named) named_text += (named_text.empty() ? "" : ",") + std::to_string(q);
+    // The resets name parent ranks of each generation; with one death (or two in one reset)
+    // they are the driver's ranks.
+    if (gone.size() == 1 || lost_named[r].size() == 1) {
+      if (named_text != want_lost) {
+        fail(who + "'s resets named [" + named_text + "] lost, not [" + want_lost + "]");
+      }
+    }
+    ++next;
+  }
+  for (int v : gone) {
+    if (!contains(res.out, "rank " + std::to_string(v) + " lost; continuing")) {
+      fail("kolo-run did not report rank " + std::to_string(v) + " as lost (--elastic)");
+    }
+  }
+  for (pid_t p : leftovers(ranks, 3)) fail("process " + std::to_string(p) + " is still running");
+  return res;
+}
+
+void check(const std::vector<TrainSpec>& specs, const char* what) {
+  std::vector<TrainResult> results(specs.size());
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 2; ++w) {
+    workers.emplace_back([&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < specs.size();) results[i] = run_train(specs[i]);
+    });
+  }
+  for (auto& t : workers) t.join();
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const TrainSpec& s = specs[i];
+    std::string victims;
+    for (int v : s.victims) victims += std::to_string(v) + " ";
+    CAPTURE(what);
+    CAPTURE(s.np);
+    CAPTURE(s.transport);
+    CAPTURE(victims);
+    CAPTURE(s.delay_ms);
+    CAPTURE(s.die_rank);
+    CAPTURE(s.die_step);
+    std::string all;
+    for (const auto& f : results[i].failures) all += f + "\n";
+    INFO("failures:\n" << all << "output:\n" << results[i].out);
+    CHECK(results[i].failures.empty());
+  }
+}
+
+std::vector<TrainSpec> random_specs(const char* transport) {
+  const std::uint64_t seed = base_seed();
+  MESSAGE("KOLO_FAULT_SEED=" << seed);
+  const long trials = env_long("KOLO_ELASTIC_TRAIN_TRIALS", 4);
+  std::vector<TrainSpec> specs;
+  for (long t = 0; t < trials; ++t) {
+    std::mt19937_64 rng(seed + static_cast<std::uint64_t>(t) * 104729);
+    TrainSpec s;
+    s.transport = transport;
+    s.seed = seed + static_cast<std::uint64_t>(t);
+    s.np = rng() % 3 == 0 ? 8 : 4;
+    s.delay_ms = 20 + static_cast<int>(rng() % 200);
+    const int kills = rng() % 4 == 0 ? 2 : 1;
+    while (static_cast<int>(s.victims.size()) < kills) {
+      const int v = static_cast<int>(rng() % static_cast<std::uint64_t>(s.np));
+      if (std::find(s.victims.begin(), s.victims.end(), v) == s.victims.end()) {
+        s.victims.push_back(v);
+      }
+    }
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+}  // namespace
+
+TEST_CASE("elastic training goes on with the survivors of SIGKILLed ranks shm") {
+  const auto before = dev_shm_kolo();
+  check(random_specs("shm"), "shm");
+  for (const auto& name : dev_shm_kolo()) {
+    if (!before.count(name)) FAIL_CHECK("left in /dev/shm: " << name);
+  }
+}
+
+TEST_CASE("elastic training goes on with the survivors of SIGKILLed ranks tcp") {
+  check(random_specs("tcp"), "tcp");
+}
+
+TEST_CASE("a rank dying with its step's buckets half submitted: the survivors redo the step") {
+  std::vector<TrainSpec> specs;
+  for (const char* transport : {"shm", "tcp"}) {
+    TrainSpec s;
+    s.transport = transport;
+    s.np = 4;
+    s.die_rank = 2;
+    s.die_step = 40;
+    specs.push_back(s);
+  }
+  check(specs, "in a step");
+}
