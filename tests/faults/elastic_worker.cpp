@@ -34,87 +34,28 @@
 
 #include <kolo/kolo.hpp>
 
+#include "exact_ops.hpp"
+
 namespace {
 
 using Comm = kolo::Communicator<>;
-
-void say(const std::string& line) {
-  const std::string s = line + "\n";
-  [[maybe_unused]] const ssize_t k = ::write(STDOUT_FILENO, s.data(), s.size());
-}
-
-double mono_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string label = [] {
-  const char* r = std::getenv("KOLO_RANK");
-  return std::string(r ? r : "?");
-}();
-
-int report(const kolo::Error& e) {
-  std::string what = e.what();
-  for (char& c : what) {
-    if (c == '\n') c = ' ';
-  }
-  char t[64];
-  std::snprintf(t, sizeof(t), "0 mono=%.6f", mono_now());
-  say("KOLO_FAULT rank=" + label + " kind=" + kolo::error_kind_name(e.kind()) + " after=" + t +
-      " what=" + what);
-  return 3;
-}
-
-std::int64_t value(int rank, std::size_t i, long step) {
-  return static_cast<std::int64_t>(rank) * 100003 + static_cast<std::int64_t>(i % 9973) + step;
-}
-
-// One random exact step on c; false (after a KOLO_WRONG line) on a wrong number.
-bool step(Comm& c, std::mt19937_64& gen, long it) {
-  const std::size_t n = 1 + gen() % 65536;
-  const int N = c.size(), r = c.rank();
-  if (gen() % 2 == 0) {
-    std::vector<std::int64_t> v(n);
-    for (std::size_t i = 0; i < n; ++i) v[i] = value(r, i, it);
-    c.allreduce(std::span<std::int64_t>(v));
-    for (std::size_t i = 0; i < n; ++i) {
-      std::int64_t want = 0;
-      for (int q = 0; q < N; ++q) want += value(q, i, it);
-      if (v[i] != want) {
-        say("KOLO_WRONG rank=" + label + " allreduce step " + std::to_string(it) + " index " +
-            std::to_string(i) + ": " + std::to_string(v[i]) + " != " + std::to_string(want));
-        return false;
-      }
-    }
-  } else {
-    std::vector<std::int32_t> in(n), out(n * static_cast<std::size_t>(N), -1);
-    for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<std::int32_t>(value(r, i, it));
-    c.allgather(kolo::TensorView(std::span<std::int32_t>(in)),
-                kolo::TensorView(std::span<std::int32_t>(out)));
-    for (int q = 0; q < N; ++q) {
-      for (std::size_t i = 0; i < n; ++i) {
-        const auto want = static_cast<std::int32_t>(value(q, i, it));
-        if (out[static_cast<std::size_t>(q) * n + i] != want) {
-          say("KOLO_WRONG rank=" + label + " allgather step " + std::to_string(it));
-          return false;
-        }
-      }
-    }
-  }
-  return true;
-}
+using kolo_exact::mono_now;
+using kolo_exact::report;
+using kolo_exact::say;
+using kolo_exact::step;
 
 int run(std::uint64_t seed, const std::string& mode) {
   const char* store = std::getenv("KOLO_STORE");
-  say("KOLO_PID rank=" + label + " pid=" + std::to_string(::getpid()) +
+  say("KOLO_PID rank=" + kolo_exact::label() + " pid=" + std::to_string(::getpid()) +
       " pgid=" + std::to_string(::getpgrp()) + " store=" + (store ? store : "-"));
   Comm c(kolo::Topology::from_env());
-  label = std::to_string(c.rank());
+  kolo_exact::label() = std::to_string(c.rank());
   if (mode == "first") {
     std::vector<std::int64_t> one{1};
     c.allreduce(std::span<std::int64_t>(one));
     char t[64];
     std::snprintf(t, sizeof(t), "%.6f", mono_now());
-    say("KOLO_FIRST rank=" + label + " mono_first=" + t);
+    say("KOLO_FIRST rank=" + kolo_exact::label() + " mono_first=" + t);
     return one[0] == c.size() ? 0 : 5;
   }
   std::mt19937_64 gen(seed);  // the same sequence on every rank
@@ -123,11 +64,11 @@ int run(std::uint64_t seed, const std::string& mode) {
   std::string kind;
   try {
     c.barrier();
-    say("KOLO_LOOP rank=" + label);
+    say("KOLO_LOOP rank=" + kolo_exact::label());
     const double until = mono_now() + 60;
     for (;; ++it) {
       if (mono_now() > until) {
-        say("KOLO_NOERROR rank=" + label + " no peer was lost in 60 s");
+        say("KOLO_NOERROR rank=" + kolo_exact::label() + " no peer was lost in 60 s");
         return 4;
       }
       if (it == 20 && c.rank() == 0 && (mode == "revoke" || mode == "exclude")) {
@@ -158,22 +99,23 @@ int run(std::uint64_t seed, const std::string& mode) {
     next.allreduce(std::span<std::int64_t>(one));
     const double first = mono_now();
     if (one[0] != next.size()) {
-      say("KOLO_WRONG rank=" + label + " first allreduce " + std::to_string(one[0]));
+      say("KOLO_WRONG rank=" + kolo_exact::label() + " first allreduce " + std::to_string(one[0]));
       return 5;
     }
     std::string ex;
     for (int r : next.lineage().excluded) ex += (ex.empty() ? "" : ",") + std::to_string(r);
     char t[96];
     std::snprintf(t, sizeof(t), " mono_caught=%.6f mono_first=%.6f", caught, first);
-    say("KOLO_SHRUNK rank=" + label + " new_rank=" + std::to_string(next.rank()) + " size=" +
-        std::to_string(next.size()) + " gen=" + std::to_string(next.lineage().generation) +
-        " excluded=" + ex + " caught=" + kind + t);
+    say("KOLO_SHRUNK rank=" + kolo_exact::label() + " new_rank=" + std::to_string(next.rank()) +
+        " size=" + std::to_string(next.size()) + " gen=" +
+        std::to_string(next.lineage().generation) + " excluded=" + ex + " caught=" + kind + t);
     std::mt19937_64 gen2(seed + 1);
     for (long k = 0; k < 100; ++k) {
       if (!step(next, gen2, k)) return 5;
     }
     next.barrier();
-    say("KOLO_ELASTIC_OK rank=" + label + " new_rank=" + std::to_string(next.rank()) + " ops=100");
+    say("KOLO_ELASTIC_OK rank=" + kolo_exact::label() + " new_rank=" + std::to_string(next.rank()) +
+        " ops=100");
     return 0;
   } catch (const kolo::Error& e) {
     return report(e);
@@ -188,7 +130,7 @@ int main(int argc, char** argv) {
   } catch (const kolo::Error& e) {
     return report(e);
   } catch (const std::exception& e) {
-    say("KOLO_OTHER rank=" + label + " " + e.what());
+    say("KOLO_OTHER rank=" + kolo_exact::label() + " " + e.what());
     return 6;
   }
 }

@@ -8,7 +8,7 @@
 // through at least one reset naming the dead ranks, kolo-run's status is 0, and nothing is left
 // behind (no process of the job, no new /dev/shm/kolo-* name).
 //
-// KOLO_ELASTIC_TRAIN_TRIALS (default 4) random trials per transport, 2 at a time;
+// KOLO_ELASTIC_TRAIN_TRIALS (default 12) random trials per transport, 2 at a time;
 // KOLO_FAULT_SEED replays a run.
 #include <set>
 #include <sstream>
@@ -200,7 +200,7 @@ void check(const std::vector<TrainSpec>& specs, const char* what) {
 std::vector<TrainSpec> random_specs(const char* transport) {
   const std::uint64_t seed = base_seed();
   MESSAGE("KOLO_FAULT_SEED=" << seed);
-  const long trials = env_long("KOLO_ELASTIC_TRAIN_TRIALS", 4);
+  const long trials = env_long("KOLO_ELASTIC_TRAIN_TRIALS", 12);
   std::vector<TrainSpec> specs;
   for (long t = 0; t < trials; ++t) {
     std::mt19937_64 rng(seed + static_cast<std::uint64_t>(t) * 104729);

@@ -11,7 +11,7 @@
 // first completed operation on the shrunk communicator is printed (a figure for
 // docs/reliability.md, measured by benchmarks/recovery.sh; not asserted here).
 //
-// KOLO_SHRINK_TRIALS (default 6) random trials per transport, 2 at a time; KOLO_FAULT_SEED
+// KOLO_SHRINK_TRIALS (default 13) random trials per transport, 2 at a time; KOLO_FAULT_SEED
 // replays a run.
 #include <set>
 #include <sstream>
@@ -181,7 +181,7 @@ void check(const std::vector<ShrinkSpec>& specs, const char* what) {
 std::vector<ShrinkSpec> random_specs(const char* transport) {
   const std::uint64_t seed = base_seed();
   MESSAGE("KOLO_FAULT_SEED=" << seed);
-  const long trials = env_long("KOLO_SHRINK_TRIALS", 6);
+  const long trials = env_long("KOLO_SHRINK_TRIALS", 13);
   std::vector<ShrinkSpec> specs;
   for (long t = 0; t < trials; ++t) {
     std::mt19937_64 rng(seed + static_cast<std::uint64_t>(t) * 7919);
