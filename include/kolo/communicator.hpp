@@ -408,6 +408,25 @@ class Communicator {
   // outlive the lost ranks (kolo-run's, torchrun's agent store, the Spark driver's; not the one
   // rank 0 hosts under MASTER_ADDR or KOLO_PEERS when rank 0 is the one lost).
   Communicator shrink(const std::vector<int>& excluded = {}, const ShrinkOptions& so = {});
+  // The members' side of adding processes (communicator/grow.hpp; NCCL's ncclCommGrow): every
+  // member calls grow(count, {token}) and `count` new processes call join(token); all of them
+  // get a communicator of size() + count, the members keeping their ranks, the joiners ranked
+  // after them in the order they arrived, with this communicator's transport options and
+  // tuning. Collective over the members. This communicator stays usable (a failed grow —
+  // joiners that do not come, a member lost — throws on every member and changes nothing), but
+  // a store server rank 0 hosts moves to the new one: `comm = comm.grow(1, {"t1"});`.
+  Communicator grow(int count, const GrowOptions& go);
+  // The new processes' side of grow: waits in `store` for the offer the members of a grow with
+  // this `token` publish, takes the next place in it, and returns the enlarged communicator.
+  // A ConfigError when every place is taken; a TimeoutError when no grow with that token comes.
+  // The transport options and communicator options are this process's own (KOLO_*), the
+  // tuning the members'.
+  static Communicator join(std::shared_ptr<KvStore> store, const std::string& token,
+                           const JoinOptions& jo = {}) requires Connectable<T>;
+  // The same through the store the environment names: KOLO_STORE, with KOLO_SECRET and
+  // KOLO_JOB_ID as the job's ranks got them (a process started beside a kolo-run job).
+  static Communicator join(const std::string& token,
+                           const JoinOptions& jo = {}) requires Connectable<T>;
   // Where this communicator came from: generation, its parent's ranks, who was excluded.
   const Lineage& lineage() const { return lineage_; }
 
@@ -575,7 +594,7 @@ class Communicator {
   std::vector<std::uint64_t> p2p_sent_;      // per peer: sends posted (signature sequence)
   std::vector<std::uint64_t> p2p_received_;  // per peer: receives posted
   std::uint64_t split_seq_ = 0;
-  Lineage lineage_;                           // shrink's record (fault.hpp)
+  Lineage lineage_;                           // shrink's and grow's record
   std::optional<TransportOptions<T>> topts_;  // connect()'s, for shrink
   HostGroups groups_;
   std::size_t ring_overlap_lag_ = 0;  // AlgoOptions::ring_overlap_lag (setup_selector)
@@ -600,7 +619,8 @@ class Communicator {
 #include "kolo/communicator/compressed.hpp"  // allreduce_compressed
 #include "kolo/communicator/fault.hpp"       // revoke, lost_ranks, shrink
 #include "kolo/communicator/gather.hpp"
-#include "kolo/communicator/p2p.hpp"  // send, recv, test, wait
+#include "kolo/communicator/grow.hpp"  // grow, join
+#include "kolo/communicator/p2p.hpp"   // send, recv, test, wait
 #include "kolo/communicator/reduce.hpp"
 #include "kolo/communicator/reduce_scatter.hpp"
 #include "kolo/communicator/scatter.hpp"

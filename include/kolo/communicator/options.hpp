@@ -2,7 +2,8 @@
 // zero-copy sizes, the rooted agreement, the per-collective algorithm rules, the tuning source),
 // read once from KOLO_* (definitions: detail/communicator_impl.hpp), the name of the
 // transport's own options a constructor may take (TransportOptions<T>), and shrink's options
-// and a communicator's Lineage (communicator/fault.hpp).
+// and a communicator's Lineage (communicator/fault.hpp), grow's and join's options
+// (communicator/grow.hpp).
 #pragma once
 
 #include <cstddef>
@@ -117,13 +118,34 @@ struct ShrinkOptions {
   std::function<void(int step)> test_hook;
 };
 
+// Communicator::grow's options (the members' side; communicator/grow.hpp).
+struct GrowOptions {
+  // The join token the new processes pass to Communicator::join; every member passes the same,
+  // and each grow needs a token of its own (a token used before is a ConfigError). Required.
+  std::string token;
+  // The whole grow — the joiners' arrival and the enlarged communicator's set-up — in seconds;
+  // < 0: the communicator's timeout (KOLO_TIMEOUT_SECONDS). Joiners that have not come by then
+  // make it a TimeoutError on every member, which keeps its communicator.
+  double timeout_seconds = -1;
+};
+
+// Communicator::join's options (the new processes' side; communicator/grow.hpp).
+struct JoinOptions {
+  // How long to wait for the members' offer and the set-up, in seconds; < 0: KOLO_TIMEOUT_SECONDS
+  // (default 30).
+  double timeout_seconds = -1;
+};
+
 // Where a communicator came from: 0 and empty lists for one built from the environment or a
-// store; a shrink's result records which ranks of its parent it kept and which it excluded.
+// store; a shrink's result records which ranks of its parent it kept and which it excluded, a
+// grow's how many joined.
 struct Lineage {
-  std::uint64_t generation = 0;  // +1 per shrink
+  std::uint64_t generation = 0;  // +1 per shrink or grow
   std::string root;              // the store prefix of the first ancestor (the shrink keys' home)
   std::vector<int> parent_rank;  // this communicator's rank i was its parent's parent_rank[i]
+                                 // (-1: a process that joined in a grow)
   std::vector<int> excluded;     // the parent's ranks the survivors agreed to exclude
+  int joined = 0;                // ranks that joined in the grow that made this communicator
 };
 
 }  // namespace kolo
