@@ -333,6 +333,39 @@ kolo_result_t kolo_comm_shrink(kolo_comm_t comm, const int* excluded, int n_excl
   });
 }
 
+kolo_result_t kolo_comm_grow(kolo_comm_t comm, int count, const char* token, double timeout_seconds,
+                             kolo_comm_t* newcomm) {
+  if (newcomm == nullptr)
+    return fail(KOLO_ERR_INVALID_ARGUMENT, "kolo_comm_grow", "newcomm is NULL");
+  *newcomm = nullptr;
+  const kolo_result_t checked = guard("kolo_comm_grow", Phase::call, [&] {
+    (void)comm_of(comm);
+    if (count < 1) throw InvalidArgument{"count " + std::to_string(count) + " is below 1"};
+    if (token == nullptr || *token == '\0') throw InvalidArgument{"token is NULL or empty"};
+  });
+  if (checked != KOLO_SUCCESS) return checked;
+  // Setup errors (a used token, members that disagree) are KOLO_ERR_CONFIG.
+  return guard("kolo_comm_grow", Phase::setup, [&] {
+    kolo::GrowOptions go;
+    go.token = token;
+    go.timeout_seconds = timeout_seconds;
+    *newcomm = new kolo_comm{comm->comm.grow(count, go)};
+  });
+}
+
+kolo_result_t kolo_comm_join(const char* token, double timeout_seconds, kolo_comm_t* comm) {
+  if (comm == nullptr) return fail(KOLO_ERR_INVALID_ARGUMENT, "kolo_comm_join", "comm is NULL");
+  *comm = nullptr;
+  if (token == nullptr || *token == '\0') {
+    return fail(KOLO_ERR_INVALID_ARGUMENT, "kolo_comm_join", "token is NULL or empty");
+  }
+  return guard("kolo_comm_join", Phase::setup, [&] {
+    kolo::JoinOptions jo;
+    jo.timeout_seconds = timeout_seconds;
+    *comm = new kolo_comm{Comm::join(token, jo)};
+  });
+}
+
 kolo_result_t kolo_comm_rank(kolo_comm_t comm, int* rank) {
   return guard("kolo_comm_rank", Phase::call,
                [&] { *out_param(rank, "rank") = comm_of(comm).rank(); });

@@ -22,6 +22,12 @@
  *   timeout      rank 0 waits in an allreduce that rank 1 joins too late (KOLO_TIMEOUT_SECONDS):
  *                KOLO_ERR_TIMEOUT on both (on rank 1 at its allreduce or its next call)
  *   engine-mismatch  ranks submit one name with different counts: KOLO_ERR_MISMATCH on wait
+ *   grow         rank 0 starts this program in mode "join" (the ranks' environment less
+ *                the launcher's per-rank KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK and so on); the
+ *                members call kolo_comm_grow(1) and the new process kolo_comm_join: all check
+ *                rank, size and an exact allreduce on the enlarged communicator, then a second
+ *                grow with the used token returns KOLO_ERR_CONFIG on every rank; rank 0 reaps
+ *                the joiner (exit status 0)
  *
  * Every failure path also checks that a message came with the code, that the process is still
  * running (no abort: the exit status would tell kolo-run), and that the communicator then keeps
@@ -32,12 +38,17 @@
 
 #include <kolo/c/kolo.h>
 
+#include <errno.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+extern char** environ;
 
 static int failures = 0;
 static int my_rank = -1;
@@ -574,6 +585,45 @@ static void expect_fault(const fault_log* log, kolo_result_t code, const char* n
   }
 }
 
+/* The grow mode's checks on the enlarged communicator, on members and the joiner alike. */
+static void check_grown(kolo_comm_t big, int want_rank, int want_size) {
+  int r = -1, n = -1;
+  OK(kolo_comm_rank(big, &r));
+  OK(kolo_comm_size(big, &n));
+  CHECK(r == want_rank && n == want_size);
+  my_rank = r;
+  int64_t in[2] = {r + 1, -7 * (int64_t)r}, out[2] = {0, 0};
+  OK(kolo_allreduce(in, out, 2, KOLO_INT64, KOLO_SUM, big));
+  CHECK(out[0] == (int64_t)n * (n + 1) / 2 && out[1] == -7 * (int64_t)n * (n - 1) / 2);
+  kolo_comm_t again = NULL;
+  EXPECT_ERROR(kolo_comm_grow(big, 1, "c-grow-1", 2.0, &again), KOLO_ERR_CONFIG, "was used");
+  CHECK(again == NULL);
+  OK(kolo_barrier(big));
+}
+
+/* Starts this program in mode "join" with the environment less the per-rank variables. */
+static pid_t start_joiner(const char* self) {
+  static const char* per_rank[] = {"KOLO_RANK=",       "KOLO_SIZE=",       "KOLO_LOCAL_RANK=",
+                                   "KOLO_LOCAL_SIZE=", "KOLO_CROSS_RANK=", "KOLO_CROSS_SIZE="};
+  size_t n = 0;
+  while (environ[n] != NULL) ++n;
+  char** env = calloc(n + 1, sizeof(char*));
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    int skip = 0;
+    for (size_t j = 0; j < sizeof(per_rank) / sizeof(per_rank[0]); ++j) {
+      if (strncmp(environ[i], per_rank[j], strlen(per_rank[j])) == 0) skip = 1;
+    }
+    if (!skip) env[k++] = environ[i];
+  }
+  char* argv[] = {(char*)self, (char*)"join", NULL};
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, self, NULL, NULL, argv, env);
+  free(env);
+  CHECK(rc == 0);
+  return rc == 0 ? pid : -1;
+}
+
 static void check_fault(kolo_comm_t comm, int rank, int size) {
   int32_t a[5] = {1, 2, 3, 4, 5}, b[5];
   fault_log log;
@@ -666,6 +716,26 @@ static void check_fault(kolo_comm_t comm, int rank, int size) {
     /* The old communicator stays failed. */
     EXPECT_ERROR(kolo_barrier(comm), KOLO_ERR_PEER_LOST, NULL);
     return;
+  } else if (strcmp(mode, "grow") == 0) {
+    const pid_t joiner = rank == 0 ? start_joiner("/proc/self/exe") : -1;
+    kolo_comm_t big = NULL;
+    EXPECT_ERROR(kolo_comm_grow(comm, 0, "c-grow-1", -1, &big), KOLO_ERR_INVALID_ARGUMENT,
+                 "count 0");
+    EXPECT_ERROR(kolo_comm_grow(comm, 1, NULL, -1, &big), KOLO_ERR_INVALID_ARGUMENT, "token");
+    CHECK(big == NULL);
+    OK(kolo_comm_grow(comm, 1, "c-grow-1", -1, &big));
+    if (big != NULL) {
+      check_grown(big, rank, size + 1);
+      OK(kolo_comm_destroy(big));
+    }
+    my_rank = rank;
+    if (joiner > 0) {
+      int st = 0;
+      while (waitpid(joiner, &st, 0) < 0 && errno == EINTR) {
+      }
+      CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    return;
   } else if (strcmp(mode, "timeout") == 0) {
     const char* t = getenv("KOLO_TIMEOUT_SECONDS");
     CHECK(t != NULL);
@@ -690,6 +760,14 @@ int main(int argc, char** argv) {
 
   if (strcmp(mode, "local") == 0) {
     check_local_errors();
+  } else if (strcmp(mode, "join") == 0) {
+    /* Started by rank 0 of a "grow" run: two members, this process rank 2 of 3. */
+    kolo_comm_t big = NULL;
+    OK(kolo_comm_join("c-grow-1", -1, &big));
+    if (big != NULL) {
+      check_grown(big, 2, 3);
+      OK(kolo_comm_destroy(big));
+    }
   } else {
     kolo_comm_t comm = NULL;
     if (strcmp(mode, "explicit") == 0) {

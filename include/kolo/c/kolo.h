@@ -184,6 +184,29 @@ KOLO_C_API kolo_result_t kolo_comm_revoke(kolo_comm_t comm, const char* why);
 KOLO_C_API kolo_result_t kolo_comm_shrink(kolo_comm_t comm, const int* excluded, int n_excluded,
                                           double timeout_seconds, kolo_comm_t* newcomm);
 
+/* Adds `count` new processes to the group (Communicator::grow): a collective of comm's ranks,
+ * the members. Rank 0 offers `count` places in the rendezvous store under `token`; `count` new
+ * processes call kolo_comm_join(token) and take them in turn. Every member and joiner gets the
+ * enlarged communicator in *newcomm (members keep their ranks, joiners come after them). comm
+ * stays usable but a store server rank 0 hosts moves to the new one: destroy comm and use
+ * *newcomm. timeout_seconds < 0: KOLO_TIMEOUT_SECONDS. Errors: KOLO_ERR_INVALID_ARGUMENT (count
+ * below 1, token NULL or empty), KOLO_ERR_CONFIG (the token was used by an earlier grow, members
+ * passed different counts, a '/' in the token), KOLO_ERR_TIMEOUT (joiners that did not come: the
+ * message says how many did; comm is unchanged), KOLO_ERR_PEER_LOST (a member died). On failure
+ * *newcomm is set to NULL. */
+KOLO_C_API kolo_result_t kolo_comm_grow(kolo_comm_t comm, int count, const char* token,
+                                        double timeout_seconds, kolo_comm_t* newcomm);
+
+/* The new process's side of kolo_comm_grow: meets the members through the store the environment
+ * names (KOLO_STORE, KOLO_SECRET, KOLO_JOB_ID: a kolo-run job's ranks' environment without
+ * KOLO_RANK/KOLO_SIZE), takes the next place offered under `token` and returns the enlarged
+ * communicator in *comm. timeout_seconds < 0: KOLO_TIMEOUT_SECONDS. Errors:
+ * KOLO_ERR_INVALID_ARGUMENT (token NULL or empty), KOLO_ERR_CONFIG (every place taken, no
+ * KOLO_STORE), KOLO_ERR_TIMEOUT (no grow with that token was offered). On failure *comm is set
+ * to NULL. */
+KOLO_C_API kolo_result_t kolo_comm_join(const char* token, double timeout_seconds,
+                                        kolo_comm_t* comm);
+
 /* This rank (0..size-1), the number of ranks, and this rank's index among / the number of the
  * ranks on its host. */
 KOLO_C_API kolo_result_t kolo_comm_rank(kolo_comm_t comm, int* rank);

@@ -209,6 +209,10 @@ Communicator<T> Communicator<T>::grow(int count, const GrowOptions& go) {
       const std::string held = watched->get(okey);
       if (held != mine) {
         const detail::GrowOffer other = detail::GrowOffer::decode(held, okey);
+        if (other.root != offer.root || other.generation != offer.generation) {
+          throw ConfigError("grow: the join token \"" + go.token +
+                            "\" was used by an earlier grow; give each grow a token of its own");
+        }
         throw ConfigError("grow: rank 0 offered " + std::to_string(other.count) + " places to " +
                           std::to_string(other.members) + " members at generation " +
                           std::to_string(other.generation) + " with token \"" + go.token +
