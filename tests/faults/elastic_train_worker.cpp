@@ -20,9 +20,16 @@
 //   KOLO_TRAINED rank=R new_rank=r size=n steps=S resets=k history=4x120,3x180 digest=H
 //   KOLO_WRONG rank=R ...                      the parameters differ from the replay (exit 5)
 //   KOLO_FAULT rank=R kind=K ... what=W        an error not recovered (exit 3)
+//   KOLO_PROGRESS step=s mono=T                rank 0, after each step (KOLO_TRAIN_PROGRESS=1)
+//   KOLO_RESUMED step=s                        rank 0 loaded a checkpoint (KOLO_TRAIN_CHECKPOINT)
+// KOLO_TRAINED's executed=E counts the steps this rank ran, those redone after a reset included.
 // KOLO_TRAIN_STEPS (default 300) and KOLO_TRAIN_SLEEP_US (default 500, between steps) set the
 // pace; KOLO_TEST_TRAIN_DIE="R:S" makes parent rank R SIGKILL itself in step S after it
 // reported half of its gradients (buckets of that step in flight on the others).
+// For benchmarks/recovery_train.py's restart baseline: KOLO_TRAIN_ELASTIC=0 runs the same loop
+// without run_elastic (a lost rank ends the job), and KOLO_TRAIN_CHECKPOINT=PATH with
+// KOLO_TRAIN_CHECKPOINT_EVERY=C makes rank 0 write the state (step, history, parameters,
+// momentum) to PATH every C steps and load it at start when PATH exists.
 #include <signal.h>
 #include <unistd.h>
 
@@ -32,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -116,6 +124,49 @@ std::string history_text(const std::vector<std::int32_t>& sizes) {
   return s;
 }
 
+// The checkpoint file: "KCKP", the step, the history, every parameter's values, every state
+// tensor's bytes (the shapes are fixed by the program, so the file is checked by its size).
+template <class Opt>
+std::vector<std::span<std::byte>> checkpoint_parts(Opt& opt, Model& m, std::int64_t& step,
+                                                   std::vector<std::int32_t>& sizes) {
+  std::vector<std::span<std::byte>> parts;
+  parts.push_back(std::as_writable_bytes(std::span<std::int64_t>(&step, 1)));
+  parts.push_back(std::as_writable_bytes(std::span<std::int32_t>(sizes)));
+  for (auto& v : m.values) parts.push_back(std::as_writable_bytes(std::span<float>(v)));
+  for (const auto& st : opt.optimizer().state(std::span<const kolo::Parameter>(m.params))) {
+    parts.emplace_back(static_cast<std::byte*>(st.tensor.data), st.tensor.bytes());
+  }
+  return parts;
+}
+
+void save_checkpoint(const std::string& path, const std::vector<std::span<std::byte>>& parts) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write("KCKP", 4);
+    for (auto p : parts)
+      out.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size()));
+    if (!out) throw kolo::Error("checkpoint: cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw kolo::Error("checkpoint: cannot rename " + tmp);
+}
+
+bool load_checkpoint(const std::string& path, const std::vector<std::span<std::byte>>& parts) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  char magic[4] = {};
+  in.read(magic, 4);
+  if (std::memcmp(magic, "KCKP", 4) != 0) throw kolo::Error("checkpoint: " + path + " is not one");
+  for (auto p : parts) {
+    in.read(reinterpret_cast<char*>(p.data()), static_cast<std::streamsize>(p.size()));
+  }
+  if (!in || in.peek() != std::char_traits<char>::eof()) {
+    throw kolo::Error("checkpoint: " + path + " has the wrong size");
+  }
+  return true;
+}
+
 int run() {
   const char* store = std::getenv("KOLO_STORE");
   say("KOLO_PID rank=" + label + " pid=" + std::to_string(::getpid()) +
@@ -153,13 +204,23 @@ int run() {
         std::to_string(r.new_size) + " lost=" + lost + " gen=" + std::to_string(r.generation) +
         " resets=" + std::to_string(r.resets) + " step=" + std::to_string(step) + t);
   });
+  const bool progress = env_long("KOLO_TRAIN_PROGRESS", 0) != 0;
+  const bool elastic = env_long("KOLO_TRAIN_ELASTIC", 1) != 0;
+  const char* ckpt = std::getenv("KOLO_TRAIN_CHECKPOINT");
+  const long ckpt_every = env_long("KOLO_TRAIN_CHECKPOINT_EVERY", 0);
+  long executed = 0;
+  if (ckpt != nullptr && parent == 0 &&
+      load_checkpoint(ckpt, checkpoint_parts(opt, model, step, sizes))) {
+    say("KOLO_RESUMED step=" + std::to_string(step));
+  }
   bool announced = false;
-  kolo::run_elastic(state, [&](auto& s) {
+  auto loop = [&](auto& s) {
     if (!announced) {
       say("KOLO_LOOP rank=" + label);
       announced = true;
     }
     while (step < steps) {
+      ++executed;
       // The step is counted before it is done, so a step that fails leaves the tracked state
       // ahead of the parameters: only restore() puts them back together.
       const long t = step++;
@@ -173,9 +234,23 @@ int run() {
       }
       opt.step();
       if (step % commit_every == 0 || step == steps) s.commit();
+      if (ckpt != nullptr && ckpt_every > 0 && step % ckpt_every == 0 && opt.rank() == 0) {
+        save_checkpoint(ckpt, checkpoint_parts(opt, model, step, sizes));
+      }
+      if (progress && opt.rank() == 0) {
+        char t[64];
+        std::snprintf(t, sizeof(t), " mono=%.6f", mono_now());
+        say("KOLO_PROGRESS step=" + std::to_string(step) + t);
+      }
       if (sleep_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     }
-  });
+  };
+  if (elastic) {
+    kolo::run_elastic(state, loop);
+  } else {
+    state.sync();  // rank 0's values (and a loaded checkpoint) on every rank, as run_elastic does
+    loop(state);
+  }
   // The replay: rank 0's starting values, the recorded world sizes, the same optimizer.
   Model replay(0);
   kolo::SGD sgd = make_sgd();
@@ -204,7 +279,8 @@ int run() {
   std::snprintf(h, sizeof(h), "%016llx", static_cast<unsigned long long>(digest(model)));
   say("KOLO_TRAINED rank=" + label + " new_rank=" + std::to_string(opt.rank()) +
       " size=" + std::to_string(opt.size()) + " steps=" + std::to_string(step) +
-      " resets=" + std::to_string(resets) + " history=" + history_text(sizes) + " digest=" + h);
+      " resets=" + std::to_string(resets) + " executed=" + std::to_string(executed) +
+      " history=" + history_text(sizes) + " digest=" + h);
   return 0;
 }
 
