@@ -26,6 +26,11 @@
 // KOLO_TRAIN_STEPS (default 300) and KOLO_TRAIN_SLEEP_US (default 500, between steps) set the
 // pace; KOLO_TEST_TRAIN_DIE="R:S" makes parent rank R SIGKILL itself in step S after it
 // reported half of its gradients (buckets of that step in flight on the others).
+// Joining: KOLO_TRAIN_JOIN=NAME makes every rank call ElasticState::admit_joiners(NAME), and
+// KOLO_TRAIN_SPAWN_AT=S makes parent rank 0 start this program as `elastic_train_worker join`
+// when it begins step S: that process calls kolo::join_elastic(NAME), builds the same model
+// and optimizer, and trains the rest of the steps with the group (its lines say rank=j); rank 0
+// prints "KOLO_JOINER_DONE status=X" after reaping it. KOLO_RESET lines carry joined=k.
 // For benchmarks/recovery_train.py's restart baseline: KOLO_TRAIN_ELASTIC=0 runs the same loop
 // without run_elastic (a lost rank ends the job), and KOLO_TRAIN_CHECKPOINT=PATH with
 // KOLO_TRAIN_CHECKPOINT_EVERY=C makes rank 0 write the state (step, history, parameters,
@@ -47,6 +52,8 @@
 #include <kolo/engine/engine.hpp>
 #include <kolo/kolo.hpp>
 #include <kolo/optim/optim.hpp>
+
+#include "spawn_joiner.hpp"
 
 namespace {
 
@@ -167,7 +174,7 @@ bool load_checkpoint(const std::string& path, const std::vector<std::span<std::b
   return true;
 }
 
-int run() {
+int run(bool joiner) {
   const char* store = std::getenv("KOLO_STORE");
   say("KOLO_PID rank=" + label + " pid=" + std::to_string(::getpid()) +
       " pgid=" + std::to_string(::getpgrp()) + " store=" + (store ? store : "-"));
@@ -179,16 +186,22 @@ int run() {
   if (const char* die = std::getenv("KOLO_TEST_TRAIN_DIE")) {
     std::sscanf(die, "%d:%ld", &die_rank, &die_step);
   }
-  kolo::Communicator<> comm(kolo::Topology::from_env());
-  const int parent = comm.rank();
-  label = std::to_string(parent);
-  Model model(parent);
+  const char* join_name = std::getenv("KOLO_TRAIN_JOIN");
+  const long spawn_at = env_long("KOLO_TRAIN_SPAWN_AT", -1);
+  if (joiner) label = "j";
+  kolo::Communicator<> comm = joiner ? kolo::join_elastic(join_name ? join_name : "")
+                                     : kolo::Communicator<>(kolo::Topology::from_env());
+  const int parent = joiner ? -1 : comm.rank();
+  if (!joiner) label = std::to_string(parent);
+  Model model(comm.rank());
   kolo::DistributedOptions o;
   o.op = kolo::ReduceOp::sum;
   o.bucket_bytes = 16 << 10;
   o.first_bucket_bytes = 4 << 10;
   kolo::DistributedOptimizer opt(std::move(comm), make_sgd(), model.params, o);
   kolo::ElasticState state(opt);
+  if (join_name != nullptr) state.admit_joiners(join_name);
+  pid_t spawned = -1;
   std::int64_t step = 0;
   std::vector<std::int32_t> sizes(static_cast<std::size_t>(steps), 0);
   state.track("step", step);
@@ -200,9 +213,10 @@ int run() {
     for (int q : r.lost) lost += (lost.empty() ? "" : ",") + std::to_string(q);
     char t[64];
     std::snprintf(t, sizeof(t), " mono=%.6f", mono_now());
-    say("KOLO_RESET rank=" + label + " new_rank=" + std::to_string(r.new_rank) + " size=" +
-        std::to_string(r.new_size) + " lost=" + lost + " gen=" + std::to_string(r.generation) +
-        " resets=" + std::to_string(r.resets) + " step=" + std::to_string(step) + t);
+    say("KOLO_RESET rank=" + label + " new_rank=" + std::to_string(r.new_rank) +
+        " size=" + std::to_string(r.new_size) + " lost=" + lost +
+        " gen=" + std::to_string(r.generation) + " resets=" + std::to_string(r.resets) +
+        " joined=" + std::to_string(r.joined) + " step=" + std::to_string(step) + t);
   });
   const bool progress = env_long("KOLO_TRAIN_PROGRESS", 0) != 0;
   const bool elastic = env_long("KOLO_TRAIN_ELASTIC", 1) != 0;
@@ -221,6 +235,11 @@ int run() {
     }
     while (step < steps) {
       ++executed;
+      if (parent == 0 && step == spawn_at && spawned < 0) {
+        spawned = kolo_exact::spawn_joiner({"join"});
+        if (spawned < 0)
+          throw kolo::Error("posix_spawn failed: " + std::string(std::strerror(errno)));
+      }
       // The step is counted before it is done, so a step that fails leaves the tracked state
       // ahead of the parameters: only restore() puts them back together.
       const long t = step++;
@@ -251,6 +270,7 @@ int run() {
     state.sync();  // rank 0's values (and a loaded checkpoint) on every rank, as run_elastic does
     loop(state);
   }
+  if (spawned > 0) say("KOLO_JOINER_DONE status=" + kolo_exact::reap(spawned));
   // The replay: rank 0's starting values, the recorded world sizes, the same optimizer.
   Model replay(0);
   kolo::SGD sgd = make_sgd();
@@ -286,9 +306,9 @@ int run() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
-    return run();
+    return run(argc > 1 && std::string(argv[1]) == "join");
   } catch (const kolo::Error& e) {
     return report(e);
   } catch (const std::exception& e) {

@@ -22,8 +22,6 @@
 //   KOLO_JOINERS_DONE statuses=s,s                                 rank 0, after reaping them
 //   KOLO_WRONG / KOLO_FAULT rank=R ...                             a wrong number / an error
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -37,8 +35,7 @@
 #include <kolo/kolo.hpp>
 
 #include "exact_ops.hpp"
-
-extern char** environ;
+#include "spawn_joiner.hpp"
 
 namespace {
 
@@ -48,27 +45,10 @@ using kolo_exact::report;
 using kolo_exact::say;
 using kolo_exact::step;
 
-// Starts `grow_worker SEED K join TOKEN` with this process's environment less the launcher's
-// per-rank variables (a joiner has no rank until it joins).
+// Starts `grow_worker SEED K join TOKEN`.
 pid_t start_joiner(const std::string& seed, const std::string& k, const std::string& token) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string kv = *e;
-    bool per_rank = false;
-    for (const char* v : {"KOLO_RANK=", "KOLO_SIZE=", "KOLO_LOCAL_RANK=", "KOLO_LOCAL_SIZE=",
-                          "KOLO_CROSS_RANK=", "KOLO_CROSS_SIZE="}) {
-      if (kv.rfind(v, 0) == 0) per_rank = true;
-    }
-    if (!per_rank) env.push_back(kv);
-  }
-  std::vector<std::string> args = {"/proc/self/exe", seed, k, "join", token};
-  std::vector<char*> argv, envp;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  pid_t pid = -1;
-  if (::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data()) != 0) {
+  const pid_t pid = kolo_exact::spawn_joiner({seed, k, "join", token});
+  if (pid < 0) {
     say("KOLO_OTHER rank=0 posix_spawn failed: " + std::string(std::strerror(errno)));
     std::exit(6);
   }
@@ -191,15 +171,7 @@ int member(std::uint64_t seed, int k, const std::string& mode) {
   }
   if (!joiners.empty()) {
     std::string statuses;
-    for (pid_t p : joiners) {
-      int st = 0;
-      while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
-      }
-      const std::string s = WIFEXITED(st)     ? std::to_string(WEXITSTATUS(st))
-                            : WIFSIGNALED(st) ? "sig" + std::to_string(WTERMSIG(st))
-                                              : "?";
-      statuses += (statuses.empty() ? "" : ",") + s;
-    }
+    for (pid_t p : joiners) statuses += (statuses.empty() ? "" : ",") + kolo_exact::reap(p);
     say("KOLO_JOINERS_DONE statuses=" + statuses);
   }
   return rc;

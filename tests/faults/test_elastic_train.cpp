@@ -6,7 +6,11 @@
 // applied twice or lost, every update summed over the right ranks), all survivors hold the same
 // parameters (one digest), the history starts at N ranks and ends at N minus the dead, it went
 // through at least one reset naming the dead ranks, kolo-run's status is 0, and nothing is left
-// behind (no process of the job, no new /dev/shm/kolo-* name).
+// behind (no process of the job, no new /dev/shm/kolo-* name). Also a process joining the loop
+// (ElasticState::admit_joiners, kolo::join_elastic), as one more rank and as the replacement of
+// a lost one: every rank, the joiner included, ends with the same bit-exact parameters over the
+// expected sequence of world sizes, each member reset once for it, the joiner ran only the steps
+// after it joined.
 //
 // KOLO_ELASTIC_TRAIN_TRIALS (default 12) random trials per transport, 2 at a time;
 // KOLO_FAULT_SEED replays a run.
@@ -197,6 +201,101 @@ void check(const std::vector<TrainSpec>& specs, const char* what) {
   }
 }
 
+// A process joining the training loop (ElasticState::admit_joiners, kolo::join_elastic): parent
+// rank 0 starts it at step `spawn_at`, after `die_rank` (if any) killed itself at `die_step`.
+struct JoinSpec {
+  int np = 3;
+  std::string transport = "shm";
+  int die_rank = -1;
+  long die_step = 0;
+  long spawn_at = 100;
+};
+
+TrainResult run_join(const JoinSpec& spec) {
+  TrainResult res;
+  auto fail = [&](const std::string& why) { res.failures.push_back(why); };
+  const long steps = 300;
+  std::vector<std::string> env = {"KOLO_TRANSPORT=" + spec.transport, "KOLO_TIMEOUT_SECONDS=10",
+                                  "KOLO_TRAIN_STEPS=" + std::to_string(steps),
+                                  "KOLO_TRAIN_JOIN=test-join",
+                                  "KOLO_TRAIN_SPAWN_AT=" + std::to_string(spec.spawn_at)};
+  if (spec.die_rank >= 0) {
+    env.push_back("KOLO_TEST_TRAIN_DIE=" + std::to_string(spec.die_rank) + ":" +
+                  std::to_string(spec.die_step));
+  }
+  const double limit = 40;
+  auto job = start_kolo_run(spec.np, {"--elastic"}, {}, env, limit, /*grace=*/5,
+                            {KOLO_ELASTIC_TRAIN_WORKER_EXE});
+  const bool finished = finish_all({job.get()}, limit + 5);
+  res.out = job->output();
+  if (!finished) fail("kolo-run did not finish (a hang)");
+  if (job->code() != 0) fail("kolo-run exited with " + std::to_string(job->code()));
+  if (contains(res.out, "KOLO_WRONG")) fail("a rank's parameters differ from the replay");
+  if (contains(res.out, "KOLO_FAULT") || contains(res.out, "KOLO_OTHER")) fail("a rank failed");
+  if (!contains(res.out, "KOLO_JOINER_DONE status=0")) fail("the joiner did not exit 0");
+  const int members = spec.np - (spec.die_rank >= 0 ? 1 : 0);
+  const int final_size = members + 1;
+  std::vector<int> want_sizes = {spec.np};
+  if (spec.die_rank >= 0) want_sizes.push_back(spec.np - 1);
+  want_sizes.push_back(final_size);
+  std::map<std::string, std::string> trained;
+  std::map<std::string, int> joined_resets;
+  std::istringstream lines(res.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (const auto at = line.find("KOLO_TRAINED rank="); at != std::string::npos) {
+      trained[field(line.substr(at), "rank")] = line.substr(at);
+    }
+    if (const auto at = line.find("KOLO_RESET rank="); at != std::string::npos) {
+      if (field(line.substr(at), "joined") == "1") ++joined_resets[field(line.substr(at), "rank")];
+    }
+  }
+  std::string digest;
+  int next = 0;
+  std::vector<std::string> who_all;
+  for (int r = 0; r < spec.np; ++r) {
+    if (r != spec.die_rank) who_all.push_back(std::to_string(r));
+  }
+  who_all.push_back("j");
+  for (const std::string& r : who_all) {
+    const std::string who = r == "j" ? std::string("the joiner") : "member " + r;
+    const auto it = trained.find(r);
+    if (it == trained.end()) {
+      fail(who + " did not finish training");
+      ++next;
+      continue;
+    }
+    const std::string& l = it->second;
+    if (field(l, "steps") != std::to_string(steps)) fail(who + ": steps " + field(l, "steps"));
+    if (field(l, "size") != std::to_string(final_size)) fail(who + ": size " + field(l, "size"));
+    if (field(l, "new_rank") != std::to_string(next)) {
+      fail(who + ": new rank " + field(l, "new_rank") + ", not " + std::to_string(next));
+    }
+    if (digest.empty()) digest = field(l, "digest");
+    if (field(l, "digest") != digest) fail(who + "'s parameters differ from the others'");
+    const auto h = parse_history(field(l, "history"));
+    std::vector<int> sizes;
+    long total = 0;
+    for (const auto& [n, k] : h) {
+      sizes.push_back(n);
+      total += k;
+    }
+    if (sizes != want_sizes || total != steps) {
+      fail(who + ": history " + field(l, "history") + " is not the expected world sizes");
+    }
+    // The joiner trained only from the step it joined at (after spawn_at).
+    const long executed = std::atol(field(l, "executed").c_str());
+    if (r == "j" && (executed <= 0 || executed > steps - spec.spawn_at)) {
+      fail("the joiner executed " + std::to_string(executed) + " steps");
+    }
+    if (r != "j" && joined_resets[r] != 1) fail(who + " did not reset once for the joiner");
+    ++next;
+  }
+  for (pid_t p : leftovers(rank_processes(res.out), 3)) {
+    fail("process " + std::to_string(p) + " is still running");
+  }
+  return res;
+}
+
 std::vector<TrainSpec> random_specs(const char* transport) {
   const std::uint64_t seed = base_seed();
   MESSAGE("KOLO_FAULT_SEED=" << seed);
@@ -246,4 +345,43 @@ TEST_CASE("a rank dying with its step's buckets half submitted: the survivors re
     specs.push_back(s);
   }
   check(specs, "in a step");
+}
+
+TEST_CASE("a process joins the training loop: one more, and a replacement after a loss") {
+  const auto before = dev_shm_kolo();
+  std::vector<JoinSpec> specs;
+  JoinSpec more;
+  specs.push_back(more);  // shm, 3 -> 4 at step 100
+  JoinSpec replacement;
+  replacement.transport = "tcp";
+  replacement.die_rank = 2;
+  replacement.die_step = 60;
+  replacement.spawn_at = 120;  // 3 -> 2 at 60, -> 3 after 120
+  specs.push_back(replacement);
+  JoinSpec two;
+  two.transport = "tcp";
+  two.np = 2;
+  two.spawn_at = 50;
+  specs.push_back(two);
+  std::vector<TrainResult> results(specs.size());
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 2; ++w) {
+    workers.emplace_back([&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < specs.size();) results[i] = run_join(specs[i]);
+    });
+  }
+  for (auto& t : workers) t.join();
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    CAPTURE(specs[i].np);
+    CAPTURE(specs[i].transport);
+    CAPTURE(specs[i].die_rank);
+    std::string all;
+    for (const auto& f : results[i].failures) all += f + "\n";
+    INFO("failures:\n" << all << "output:\n" << results[i].out);
+    CHECK(results[i].failures.empty());
+  }
+  for (const auto& name : dev_shm_kolo()) {
+    if (!before.count(name)) FAIL_CHECK("left in /dev/shm: " << name);
+  }
 }

@@ -324,24 +324,34 @@ Communicator<T> Communicator<T>::join(std::shared_ptr<KvStore> store, const std:
   return std::move(*next);
 }
 
-template <class T>
-Communicator<T> Communicator<T>::join(const std::string& token,
-                                      const JoinOptions& jo) requires Connectable<T> {
+namespace detail {
+
+// The job's rendezvous store as a process outside the job's ranks reaches it (a joiner): the
+// KOLO_STORE address, authenticated with KOLO_SECRET and KOLO_JOB_ID; its waits last
+// `timeout_seconds` (<= 0: KOLO_TIMEOUT_SECONDS).
+inline std::shared_ptr<KvStore> joiner_store(const char* who, double timeout_seconds) {
   const EnvLookup& env = process_env();
   const auto addr = config::get_text(env, config::vars::store);
   if (!addr || addr->empty()) {
-    throw ConfigError(
-        "join: KOLO_STORE is not set: a joining process needs the address of the job's "
-        "rendezvous store (kolo-run exports it to its ranks), or pass the store to join()");
+    throw ConfigError(std::string(who) +
+                      ": KOLO_STORE is not set: a joining process needs the address of the "
+                      "job's rendezvous store (kolo-run exports it to its ranks), or pass the "
+                      "store to Communicator::join()");
   }
   const Topology t = Topology::for_rank(0, 2, env);
   std::string job;
   if (auto j = config::get_text(env, config::vars::job_id); j && !j->empty()) job = *j;
-  const double budget = jo.timeout_seconds >= 0 ? jo.timeout_seconds : t.timeout_seconds;
-  auto store = std::make_shared<StoreClient>(net::parse_host_port(*addr, "KOLO_STORE"),
-                                             net::job_key(t.secret, job), -1,
-                                             budget > 0 ? budget : t.timeout_seconds);
-  return join(std::move(store), token, jo);
+  const double budget = timeout_seconds > 0 ? timeout_seconds : t.timeout_seconds;
+  return std::make_shared<StoreClient>(net::parse_host_port(*addr, "KOLO_STORE"),
+                                       net::job_key(t.secret, job), -1, budget);
+}
+
+}  // namespace detail
+
+template <class T>
+Communicator<T> Communicator<T>::join(const std::string& token,
+                                      const JoinOptions& jo) requires Connectable<T> {
+  return join(detail::joiner_store("join", jo.timeout_seconds), token, jo);
 }
 
 }  // namespace kolo

@@ -182,8 +182,17 @@ class Engine {
   // survivors), its error is thrown and the engine stays failed.
   void recover(const std::vector<int>& excluded = {}, const ShrinkOptions& so = {});
 
-  // How many recoveries (shrinks) this engine's communicator descends from: 0 until the first
-  // recover(); Communicator::lineage() has the rest.
+  // Adds `count` processes that call Communicator::join(go.token) (Communicator::grow): shuts
+  // this engine down cleanly — collective over the members, at a point where none of them has a
+  // submission pending (every handle waited for) — grows its communicator and builds the next
+  // engine over the enlarged one, with the same options (a timeline file gets ".g<generation>").
+  // The joiners build their own Engine over the communicator join() returned. If the grow fails
+  // (joiners that did not come, a member lost), its error is thrown and the engine goes on over
+  // the unchanged communicator.
+  void grow(int count, const GrowOptions& go);
+
+  // How many recoveries (shrinks) and grows this engine's communicator descends from: 0 until the
+  // first recover() or grow(); Communicator::lineage() has the rest.
   std::uint64_t generation();
 
   // The communicator, for blocking collectives while the engine is idle (not thread-safe

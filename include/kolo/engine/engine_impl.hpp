@@ -21,6 +21,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -726,6 +727,29 @@ void Engine<T>::recover(const std::vector<int>& excluded, const ShrinkOptions& s
   rank_ = next.rank();
   size_ = next.size();
   core_ = std::make_unique<EngineCore<T>>(std::move(next), std::move(opts));
+}
+
+template <class T>
+void Engine<T>::grow(int count, const GrowOptions& go) {
+  core_->shutdown();  // a negotiated stop: every member's last cycle is the same
+  EngineOptions opts = core_->options();
+  std::optional<Communicator<T>> next;
+  try {
+    next.emplace(core_->communicator().grow(count, go));
+  } catch (...) {
+    // The communicator is as it was: a fresh engine over it, so the caller can go on.
+    Communicator<T> same = std::move(core_->communicator());
+    core_.reset();
+    core_ = std::make_unique<EngineCore<T>>(std::move(same), std::move(opts));
+    throw;
+  }
+  if (!opts.timeline.empty()) {
+    opts.timeline += ".g" + std::to_string(next->lineage().generation);
+  }
+  core_.reset();
+  rank_ = next->rank();
+  size_ = next->size();
+  core_ = std::make_unique<EngineCore<T>>(std::move(*next), std::move(opts));
 }
 
 template <class T>

@@ -278,6 +278,13 @@ class DistributedOptimizer {
     handles.clear();
   }
 
+  // The constructor's parameter check (DistributedOptions::verify_parameters; nothing when it is
+  // off), once more: after Engine::grow the members run it to meet the check in the joiners'
+  // constructors (ElasticState's admission does). Collective over the engine's ranks.
+  void verify_parameters_again() {
+    if (opts_.verify_parameters) verify_parameters();
+  }
+
   // Forgets this step's gradients and their handles, as if step() had just returned: after the
   // engine failed (the handles hold its error; the grad spans may hold partial sums), before
   // the training loop resumes from a restored commit (ElasticState::restore calls it).

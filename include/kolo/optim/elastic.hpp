@@ -31,6 +31,9 @@
 //   new rank 0 (the lowest surviving old rank), and calls train again — which resumes from the
 //   restored state (the tracked step). Any other error, and a recovery that fails (this rank
 //   was excluded, fewer than min_size survivors, more than max_resets recoveries), is thrown.
+// * admit_joiners(name) lets processes that call kolo::join_elastic(name) in: at a commit that
+//   finds some waiting, run_elastic grows the engine (Engine::grow), runs on_reset (joined > 0)
+//   and syncs everyone — the joiners' first sync — from that commit.
 // The state of the training loop that is not tracked (a data loader's position, RNG state) is
 // the caller's: track() it, or recompute it from the tracked step.
 #pragma once
@@ -61,6 +64,7 @@ struct ResetInfo {
   std::uint64_t generation = 0;    // Engine::generation() after the recovery
   int resets = 0;                  // recoveries so far in this run_elastic, this one included
   std::string cause;               // what() of the error that started the recovery
+  int joined = 0;                  // processes admitted (a grow: lost is empty, cause says so)
 };
 
 // run_elastic's limits.
@@ -68,6 +72,18 @@ struct ElasticOptions {
   int max_resets = -1;   // recoveries allowed (< 0: any number); one more throws the error
   ShrinkOptions shrink;  // passed to Engine::recover (timeout, min_size)
 };
+
+namespace detail {
+// Thrown by ElasticState::commit() on every rank when processes wait to join (admit_joiners):
+// run_elastic grows the group and calls train again. Not a kolo::Error, so a training function's
+// `catch (const kolo::Error&)` does not take it.
+struct JoinersWaiting {
+  int count = 0;
+};
+inline std::string elastic_join_key(const std::string& name, const std::string& what) {
+  return "kolo/elastic-join/" + name + "/" + what;
+}
+}  // namespace detail
 
 // Committed training state of one DistributedOptimizer (see the top of this file). The
 // optimizer (and its engine) must outlive it. Not thread-safe; use it from the training thread.
@@ -96,9 +112,33 @@ class ElasticState {
   // learning rate to the new world size; the optimizer's options are configuration, not state).
   void on_reset(std::function<void(const ResetInfo&)> cb) { callbacks_.push_back(std::move(cb)); }
 
+  // Lets processes that call kolo::join_elastic(name) into the group: every `check_every`
+  // commits, commit() asks the store (rank 0) whether any wait and agrees on it (one 8-byte
+  // broadcast through the engine); when some do, commit() throws to run_elastic, which grows the
+  // group by them at this commit (Engine::grow), runs the on_reset callbacks (ResetInfo::joined)
+  // and syncs the state to everyone — the joiners included — before calling train again. Every
+  // rank, the joiners too, calls it with the same arguments before run_elastic.
+  void admit_joiners(std::string name, int check_every = 1, const GrowOptions& go = {}) {
+    detail::check_join_token(name, "admit_joiners");
+    if (check_every < 1) throw ConfigError("admit_joiners: check_every must be at least 1");
+    join_name_ = std::move(name);
+    join_every_ = check_every;
+    join_grow_ = go;
+  }
+
   // Copies the parameters, the optimizer's state and the tracked bytes to host memory. Call it
-  // between steps (after step() returned), on every rank or on none at a given point.
+  // between steps (after step() returned), on every rank or on none at a given point. With
+  // admit_joiners, every check_every-th commit also checks for joiners (a collective).
   void commit() {
+    commit_local();
+    if (!join_name_.empty() && ++since_check_ >= join_every_) {
+      since_check_ = 0;
+      check_joiners();
+    }
+  }
+
+ private:
+  void commit_local() {
     std::span<Parameter> ps = opt_->parameters();
     values_.resize(ps.size());
     for (std::size_t i = 0; i < ps.size(); ++i)
@@ -116,6 +156,23 @@ class ElasticState {
     committed_ = true;
   }
 
+  // Rank 0 counts the joiners waiting (announced, not yet offered a place); all agree on it.
+  void check_joiners() {
+    Engine<T>& eng = opt_->engine();
+    std::int64_t waiting = 0;
+    if (eng.rank() == 0) {
+      Bootstrap* b = eng.communicator().bootstrap();
+      if (b != nullptr && b->store() != nullptr) {
+        KvStore& st = *b->store();
+        waiting = st.add(detail::elastic_join_key(join_name_, "waiting"), 0) -
+                  st.add(detail::elastic_join_key(join_name_, "offered"), 0);
+      }
+    }
+    eng.broadcast_async(prefix() + "joiners", TensorView(&waiting, 1, DataType::int64), 0).wait();
+    if (waiting > 0) throw detail::JoinersWaiting{static_cast<int>(waiting)};
+  }
+
+ public:
   // Writes the last commit back (parameters, optimizer state, tracked bytes) and forgets the
   // optimizer's pending gradients (DistributedOptimizer::reset_pending). Before any commit: an
   // Error (sync() commits, and run_elastic syncs first).
@@ -153,8 +210,9 @@ class ElasticState {
                                        root));
     }
     for (Handle& h : hs) h.wait();
-    commit();
+    commit_local();
     commit_id_ = static_cast<std::uint64_t>(id);
+    since_check_ = 0;  // every rank counts commits to the next join check from here
   }
 
   // Commits so far (root's after a sync): where a resumed loop stands.
@@ -192,6 +250,41 @@ class ElasticState {
     sync(0);
   }
 
+  // run_elastic's admission of `count` waiting joiners at the commit just made: rank 0 hands
+  // each its place's token, Engine::grow, the callbacks, sync (the joiners' first).
+  void grow_reset(int count, int resets) {
+    Engine<T>& eng = opt_->engine();
+    ResetInfo info;
+    info.old_rank = eng.rank();
+    info.old_size = eng.size();
+    info.resets = resets;
+    info.joined = count;
+    info.cause = std::to_string(count) + " process(es) joined";
+    restore();  // the commit just made: forgets nothing but pending gradients
+    // One token per grow, the same on every member without talking: the generation and the
+    // commit count are equal on all of them here.
+    const std::string token =
+        join_name_ + ".g" + std::to_string(eng.generation()) + ".c" + std::to_string(commit_id_);
+    if (eng.rank() == 0) {
+      KvStore& st = *eng.communicator().bootstrap()->store();
+      // Places are handed out once, even if this grow fails (a joiner that died after it
+      // announced itself must not make every later check try again).
+      const std::int64_t offered = st.add(detail::elastic_join_key(join_name_, "offered"), count);
+      for (std::int64_t t = offered - count + 1; t <= offered; ++t) {
+        st.set(detail::elastic_join_key(join_name_, "ticket/" + std::to_string(t)), token);
+      }
+    }
+    GrowOptions go = join_grow_;
+    go.token = token;
+    eng.grow(count, go);
+    opt_->verify_parameters_again();  // what the joiners' DistributedOptimizer constructors run
+    info.new_rank = eng.rank();
+    info.new_size = eng.size();
+    info.generation = eng.generation();
+    for (auto& cb : callbacks_) cb(info);
+    sync(0);
+  }
+
  private:
   struct Extra {
     std::string name;
@@ -208,6 +301,10 @@ class ElasticState {
   std::uint64_t commit_id_ = 0;
   bool committed_ = false;
   bool recovery_failed_ = false;
+  std::string join_name_;  // admit_joiners
+  int join_every_ = 1;
+  int since_check_ = 0;
+  GrowOptions join_grow_;
 };
 
 // Runs train(state) with the survivors until it returns (see the top of this file): first a
@@ -241,6 +338,17 @@ decltype(auto) run_elastic(ElasticState<Opt, T>& state, F&& train, const Elastic
         synced = true;
       }
       return train(state);
+    } catch (const detail::JoinersWaiting& j) {
+      // Every rank is at the same commit: grow there and train again from it.
+      ++resets;
+      try {
+        state.grow_reset(j.count, resets);
+      } catch (const Error& e) {
+        // The grow failed on every member alike (a joiner never came): the engine goes on over
+        // the unchanged communicator, from the commit restored above. A member lost meanwhile
+        // fails the next step, which recovers as any loss does.
+        if (!recoverable(e)) throw;
+      }
     } catch (const Error& e) {
       if (!recoverable(e)) throw;
       if (!synced) {
@@ -251,6 +359,28 @@ decltype(auto) run_elastic(ElasticState<Opt, T>& state, F&& train, const Elastic
       synced = true;
     }
   }
+}
+
+// The joining process's side of ElasticState::admit_joiners(name): announces itself in the job's
+// store (KOLO_STORE, KOLO_SECRET, KOLO_JOB_ID), waits until the members reach a join check and
+// hand it a place, and returns the enlarged communicator (Communicator::join). Build the
+// DistributedOptimizer and ElasticState over it as the members did, call admit_joiners(name)
+// and run_elastic: its first sync gives this process the members' committed state.
+// jo.timeout_seconds bounds the wait for a place as well as the set-up.
+template <Transport T = DefaultTransport>
+Communicator<T> join_elastic(const std::string& name, const JoinOptions& jo = {}) {
+  detail::check_join_token(name, "join_elastic");
+  std::shared_ptr<KvStore> store = detail::joiner_store("join_elastic", jo.timeout_seconds);
+  const std::int64_t place = store->add(detail::elastic_join_key(name, "waiting"), 1);
+  std::string token;
+  try {
+    token = store->get(detail::elastic_join_key(name, "ticket/" + std::to_string(place)));
+  } catch (const TimeoutError& e) {
+    throw TimeoutError("join_elastic: no member offered this process a place under \"" + name +
+                       "\" in time (the members call ElasticState::admit_joiners(\"" + name +
+                       "\") and commit): " + e.what());
+  }
+  return Communicator<T>::join(std::move(store), token, jo);
 }
 
 }  // namespace kolo
