@@ -9,7 +9,8 @@ kill      3 ranks train a DDP model (group timeout 30 s); the driver SIGKILLs ra
           may remain. KOLO_TEST_SABOTAGE=timeout makes the survivors report a timeout at the
           deadline instead (to show the check fails).
 shrink    3 and 4 ranks run exact all_reduces; the driver SIGKILLs the last rank; every survivor
-          catches the error, calls dist.shrink_group([victim]) and checks rank, size and 20
+          catches the error, finds the backend's get_error() COMM_ERROR or REMOTE_ERROR (SUCCESS
+          before) and its abort hook run once, calls dist.shrink_group([victim]), checks rank, size and 20
           exact all_reduces on the new default group, then exits 0. Each survivor must be done
           shrinking within a quarter of the 30 s group timeout of the kill (the figure printed
           is the time to the first all_reduce on the new group), and no rank process may remain.
@@ -26,7 +27,8 @@ stranger  2 ranks over TCP (KOLO_TRANSPORT=tcp), rendezvous through a store that
 release   2 ranks: a sub-group used and destroyed (shutdown) leaves no thread, descriptor or
           shared-memory object behind; on another, rank 0 queues three all_reduces that rank 1
           never joins and aborts the group: abort() returns within a quarter of the group's
-          timeout, all three works raise, rank 1's calls on that group raise at once naming
+          timeout, all three works raise, the abort hook registered on it ran once (one
+          unregistered did not), rank 1's calls on that group raise at once naming
           the abort, and again nothing is left behind.
 refused   3 ranks, KOLO_TIMEOUT_SECONDS=30: randomized trials, each on a fresh group. A random
           rank makes a random number of correct collectives (all synchronous, or all queued
@@ -122,7 +124,13 @@ def rank_main(r, n, config):
             print(f"rank {r} raised after step {step} at {at:.6f}: {e}", flush=True)
             sys.exit(3)
     if mode == "shrink":
+        from torch._C._distributed_c10d import ErrorType
         victim = config["victim"]
+        pg = dist.group.WORLD
+        backend = pg._get_backend(torch.device("cpu"))
+        fired = []
+        pg.register_abort_hook(7, lambda: fired.append(time.monotonic()))
+        assert backend.get_error() == ErrorType.SUCCESS, backend.get_error()
         step = 0
         try:
             while True:  # until the driver kills the victim
@@ -135,6 +143,12 @@ def rank_main(r, n, config):
                 time.sleep(0.005)
         except RuntimeError as e:
             print(f"rank {r} caught after step {step}: {str(e)[:120]}", flush=True)
+        # the loss as torch's fault-tolerance code asks for it: an error of the communication
+        # (this rank's detector, or a peer's report), not a timeout; the abort hook ran once
+        err = backend.get_error()
+        assert err in (ErrorType.COMM_ERROR, ErrorType.REMOTE_ERROR), err
+        assert len(fired) == 1, fired
+        print(f"rank {r} get_error {err.name}, abort hook ran", flush=True)
         g = dist.shrink_group([victim])
         m = n - 1
         nr = dist.get_rank()
@@ -284,11 +298,18 @@ def release_main(r, n):
     g2 = dist.new_group(list(range(n)))
     dist.barrier(group=g2)
     if r == 0:
+        fired = []
+        assert g2.supports_abort_hooks
+        g2.register_abort_hook(1, lambda: fired.append(1))
+        g2.register_abort_hook(2, lambda: fired.append(2))
+        g2.unregister_abort_hook(2)
         ws = [dist.all_reduce(torch.ones(1 << 10), group=g2, async_op=True) for _ in range(3)]
         time.sleep(0.3)  # the first one runs: it waits for rank 1
         t0 = time.monotonic()
         dist.distributed_c10d._abort_process_group(g2)
         took = time.monotonic() - t0
+        # the registered hook ran once, before the abort; the unregistered one did not
+        assert fired == [1], fired
         errors = []
         for w in ws:
             try:

@@ -431,6 +431,8 @@ struct Sched {
   // KoloBackend::refuse_now, for a collective's body that failed before kolo saw the call
   // (refuse_unseen); called by the thread that owns the communicator.
   std::function<void(const std::string&)> refuse;
+  // The backend's record of a collective's failure (getError, the abort hooks).
+  std::function<void(const std::exception&)> failed;
 
   // Under mu: takes the communicator for a caller's thread when nothing runs, nothing is
   // posted or being completed and the group is not stopping (the caller checks that nothing is
@@ -494,6 +496,7 @@ void run_here(Sched& s, Task& t) {
     t.body(t);
   } catch (const std::exception& e) {
     refuse_unseen(s, t, e);
+    if (s.failed) s.failed(e);
     err = wrap(e);
   }
   try {
@@ -723,6 +726,7 @@ KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   cuda_ = std::make_unique<CudaPath>(store, rank, size, timeout);
 #endif
   sched_->refuse = [this](const std::string& why) { refuse_now(why); };
+  sched_->failed = [this](const std::exception& e) { note_failure(e); };
   std::lock_guard<std::mutex> lock(sched_->mu);
   add_worker_locked();
 }
@@ -734,6 +738,7 @@ KoloBackend::KoloBackend(std::unique_ptr<Comm> comm, std::chrono::milliseconds t
       options_(c10::make_intrusive<Options>("kolo", timeout)),
       sched_(std::make_shared<Sched>()) {
   sched_->refuse = [this](const std::string& why) { refuse_now(why); };
+  sched_->failed = [this](const std::exception& e) { note_failure(e); };
   std::lock_guard<std::mutex> lock(sched_->mu);
   add_worker_locked();
 }
@@ -914,6 +919,7 @@ void KoloBackend::worker_loop() {
         task->body(*task);
       } catch (const std::exception& e) {
         refuse_unseen(s, *task, e);
+        note_failure(e);
         err = wrap(e);
       }
       if (task->poll && !err) {
@@ -929,6 +935,7 @@ void KoloBackend::worker_loop() {
         finished = (*it)->poll();
       } catch (const std::exception& e) {
         finished = true;
+        note_failure(e);
         err = wrap(e);
       }
       if (finished) {
@@ -1005,7 +1012,53 @@ void KoloBackend::quiesce(bool abort_now, const std::string& why) {
 }
 
 void KoloBackend::abort() {
+  run_abort_hooks();
   stop(true, "the process group was aborted");
+}
+
+void KoloBackend::note_failure(const std::exception& e) {
+  const auto* k = dynamic_cast<const kolo::Error*>(&e);
+  if (k == nullptr || k->kind() == kolo::ErrorKind::config) return;  // refused arguments
+  const std::string what = e.what();
+  const c10d::ErrorType type = k->kind() == kolo::ErrorKind::timeout ? c10d::ErrorType::TIMEOUT
+                               : what.find("[reported by rank") != std::string::npos
+                                   ? c10d::ErrorType::REMOTE_ERROR
+                                   : c10d::ErrorType::COMM_ERROR;
+  int none = 0;
+  if (error_type_.compare_exchange_strong(none, static_cast<int>(type))) run_abort_hooks();
+}
+
+void KoloBackend::run_abort_hooks() {
+  std::map<int64_t, std::function<void()>> hooks;
+  {
+    std::lock_guard<std::mutex> lock(hooks_mu_);
+    if (hooks_ran_) return;
+    hooks_ran_ = true;
+    hooks = abort_hooks_;
+  }
+  for (auto& [id, hook] : hooks) {
+    try {
+      hook();
+    } catch (const std::exception& e) {
+      TORCH_WARN("kolo: abort hook ", id, " raised: ", e.what());
+    } catch (...) {
+      TORCH_WARN("kolo: abort hook ", id, " raised");
+    }
+  }
+}
+
+c10d::ErrorType KoloBackend::getError() {
+  return static_cast<c10d::ErrorType>(error_type_.load());
+}
+
+void KoloBackend::registerAbortHook(int64_t hook_id, std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(hooks_mu_);
+  abort_hooks_[hook_id] = std::move(hook);
+}
+
+void KoloBackend::unregisterAbortHook(int64_t hook_id) {
+  std::lock_guard<std::mutex> lock(hooks_mu_);
+  abort_hooks_.erase(hook_id);
 }
 void KoloBackend::shutdown() {
   stop(false, "the process group was shut down");

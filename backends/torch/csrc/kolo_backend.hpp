@@ -44,6 +44,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,6 +72,13 @@
 #define KOLO_TORCH_SHRINK_OVERRIDE override
 #else
 #define KOLO_TORCH_SHRINK_OVERRIDE
+#endif
+// getError and the abort hooks (supportsAbortHooks, registerAbortHook, unregisterAbortHook):
+// virtuals of c10d::Backend in torch 2.15; plain members on older torch, as shrink.
+#if KOLO_TORCH_AT_LEAST(2, 15)
+#define KOLO_TORCH_ERROR_OVERRIDE override
+#else
+#define KOLO_TORCH_ERROR_OVERRIDE
 #endif
 #if KOLO_TORCH_AT_LEAST(2, 14)
 #define KOLO_TORCH_SINGLE_OVERRIDE override
@@ -221,6 +229,17 @@ class KoloBackend : public c10d::Backend {
   // Finishes the queued operations, then releases everything.
   void shutdown() override;
 
+  // The first failure of a collective on this backend, as torch classifies it: TIMEOUT (a kolo
+  // TimeoutError), REMOTE_ERROR (an error another rank reported: "[reported by rank R]"),
+  // COMM_ERROR (a peer lost, a revoked communicator, a mismatch); SUCCESS until one happened.
+  // Argument errors refused before anything was sent do not count.
+  c10d::ErrorType getError() KOLO_TORCH_ERROR_OVERRIDE;
+  // Abort hooks run once, before the backend aborts: on abort(), or at the first failure of a
+  // collective (kolo then aborts the communicator on every rank), on the thread that saw it.
+  bool supportsAbortHooks() const KOLO_TORCH_ERROR_OVERRIDE { return true; }
+  void registerAbortHook(int64_t hook_id, std::function<void()> hook) KOLO_TORCH_ERROR_OVERRIDE;
+  void unregisterAbortHook(int64_t hook_id) KOLO_TORCH_ERROR_OVERRIDE;
+
   // For tests and benchmarks: the kolo communicator under this backend.
   Comm& communicator() { return *comm_; }
   // True when this extension was built with CUDA (the NCCL path for CUDA tensors).
@@ -239,6 +258,9 @@ class KoloBackend : public c10d::Backend {
   // work is pending.
   void add_worker_locked();
   void stop(bool abort_now, const std::string& why);
+  // Records a collective's failure for getError (the first one wins) and runs the abort hooks.
+  void note_failure(const std::exception& e);
+  void run_abort_hooks();
   // stop() up to the release: no worker left and the communicator free (not reset).
   void quiesce(bool abort_now, const std::string& why);
   // True when `t` takes the NCCL path (a CUDA build, a contiguous CUDA tensor).
@@ -264,6 +286,10 @@ class KoloBackend : public c10d::Backend {
   std::shared_ptr<Sched> sched_;
   std::atomic<std::uint64_t> issued_{0};  // operations issued so far
   std::vector<std::thread> threads_;      // the worker threads (under Sched::mu; joined by stop())
+  std::atomic<int> error_type_{0};        // c10d::ErrorType of the first failure (getError)
+  std::mutex hooks_mu_;                   // the abort hooks, and whether they ran
+  std::map<int64_t, std::function<void()>> abort_hooks_;
+  bool hooks_ran_ = false;
 };
 
 }  // namespace kolo_torch
