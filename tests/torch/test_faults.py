@@ -14,6 +14,10 @@ shrink    3 and 4 ranks run exact all_reduces; the driver SIGKILLs the last rank
           exact all_reduces on the new default group, then exits 0. Each survivor must be done
           shrinking within a quarter of the 30 s group timeout of the kill (the figure printed
           is the time to the first all_reduce on the new group), and no rank process may remain.
+ddp_shrink 3 ranks train a DDP model on their own data; the driver SIGKILLs rank 2; the survivors
+          shrink_group([2]), rebuild DDP on a new group over the shrunk world (its constructor
+          broadcasts the new rank 0's parameters) and train 30 more steps: the loss on a fixed
+          batch falls, and both hold the same parameters bit for bit (their all_reduce is 2 x).
 mismatch  2 ranks: all_reduce of 10 vs 11 elements, then all_reduce vs broadcast on a fresh
           group: every rank raises a RuntimeError naming both sides.
 hang      2 ranks, a 4 s group timeout: rank 1 sleeps instead of calling all_reduce; rank 0's
@@ -166,6 +170,8 @@ def rank_main(r, n, config):
         print(f"rank {r} shrank to rank {nr} of {m} at {at:.6f}", flush=True)
         dist.destroy_process_group()
         os._exit(0)
+    if mode == "ddp_shrink":
+        ddp_shrink_main(r, n, config)
     if mode == "mismatch":
         errors = []
         try:
@@ -203,6 +209,62 @@ def rank_main(r, n, config):
         release_main(r, n)
     if mode == "refused":
         refused_main(r, n, config)
+
+
+def ddp_shrink_main(r, n, config):
+    """A DDP loop that loses a rank, shrinks and goes on (the ddp_shrink driver)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    victim = config["victim"]
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    model = DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(100 + r)  # each rank its own data
+    step = 0
+    try:
+        while True:  # until the driver kills the victim
+            x = torch.randn(32, 64, generator=gen)
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+            step += 1
+            if step == 5:
+                print("training", flush=True)
+            time.sleep(0.01)
+    except RuntimeError as e:
+        print(f"rank {r} caught after step {step}: {str(e)[:100]}", flush=True)
+    dist.shrink_group([victim])
+    m = dist.get_world_size()
+    # The survivors' parameters may differ by the step the loss interrupted: DDP's constructor
+    # on the shrunk default group broadcasts the new rank 0's, as a rebuilt DDP does.
+    del model, opt  # the old DDP's reducer and hooks belong to the lost group
+    gc.collect()
+    # DDP's constructor crashes (SIGSEGV in torch 2.15's Logger::set_env_variables) on the
+    # process group that shrink_group returns for this backend (not yet understood: docs/torch.md);
+    # DDP on a group made the ordinary way over the shrunk world works.
+    model = DDP(net, process_group=dist.new_group(list(range(dist.get_world_size()))))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x0 = torch.randn(32, 64, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        before = model(x0).pow(2).mean().item()
+    for _ in range(30):
+        x = torch.randn(32, 64, generator=gen)
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    with torch.no_grad():
+        after = model(x0).pow(2).mean().item()
+    # every survivor holds the same parameters, bit for bit: their sum is m times each
+    for p in net.parameters():
+        total = p.detach().clone()
+        dist.all_reduce(total)
+        assert torch.equal(total, p.detach() * m), "the survivors' parameters differ"
+    assert after < before, (before, after)
+    print(f"rank {r} trained on with {m} ranks: loss {before:.4f} -> {after:.4f}", flush=True)
+    dist.destroy_process_group()
+    os._exit(0)
 
 
 def wait_for_file(path, limit=60):
@@ -652,6 +714,28 @@ def drive_shrink(script):
     return ok
 
 
+def drive_ddp_shrink(script):
+    world, victim = 3, 2
+    config = {"name": "ddp_shrink", "world": world, "mode": "ddp_shrink", "victim": victim,
+              "unset": OWN_TIMEOUT, "timeout": KILL_TIMEOUT_S}
+    procs, _ = harness.start_ranks(script, world, config)
+    wait_training(procs[0])
+    os.kill(procs[victim].pid, signal.SIGKILL)
+    outs = harness.finish(procs, 60)
+    good = outs[victim][0] == -signal.SIGKILL
+    for r in range(world - 1):
+        rc, out = outs[r]
+        m = re.search(rf"rank {r} trained on with 2 ranks: loss", out)
+        good = good and rc == 0 and m is not None
+    left = alive([p.pid for p in procs])
+    print(f"  result: ddp_shrink: DDP rebuilt on the shrunk group trained 30 more steps on both "
+          f"survivors: {good}; processes left: {left}")
+    good = good and not left
+    if not good:
+        harness.report("ddp_shrink", outs)
+    return good
+
+
 def drive_mismatch(script):
     config = {"name": "mismatch", "world": 2, "mode": "mismatch"}
     return harness.run_config(script, config, 60)
@@ -766,7 +850,8 @@ if __name__ == "__main__":
         sys.exit(0)
     script = os.path.abspath(sys.argv[0])
     passed = failed = 0
-    for name, fn in (("kill", drive_kill), ("shrink", drive_shrink), ("mismatch", drive_mismatch),
+    for name, fn in (("kill", drive_kill), ("shrink", drive_shrink),
+                     ("ddp_shrink", drive_ddp_shrink), ("mismatch", drive_mismatch),
                      ("hang", drive_hang),
                      ("stranger", drive_stranger), ("release", drive_release),
                      ("refused", drive_refused)):
