@@ -18,6 +18,10 @@ ddp_shrink 3 ranks train a DDP model on their own data; the driver SIGKILLs rank
           shrink_group([2]), rebuild DDP on a new group over the shrunk world (its constructor
           broadcasts the new rank 0's parameters) and train 30 more steps: the loss on a fixed
           batch falls, and both hold the same parameters bit for bit (their all_reduce is 2 x).
+torchrun  `torchrun --nproc-per-node 3 --max-restarts 1 --rdzv-backend c10d`
+          (torchrun_restart_worker.py): rank 2 SIGKILLs itself at step 35 of the first attempt;
+          the agent restarts all three, whose kolo group forms again on the agent's store and
+          resumes from rank 0's step-30 checkpoint; exit 0, exact result, nothing left.
 mismatch  2 ranks: all_reduce of 10 vs 11 elements, then all_reduce vs broadcast on a fresh
           group: every rank raises a RuntimeError naming both sides.
 hang      2 ranks, a 4 s group timeout: rank 1 sleeps instead of calling all_reduce; rank 0's
@@ -736,6 +740,40 @@ def drive_ddp_shrink(script):
     return good
 
 
+def drive_torchrun(script):
+    """torchrun --max-restarts 1: a rank SIGKILLed once; the restarted job resumes and finishes."""
+    import tempfile
+    worker = os.path.join(os.path.dirname(os.path.abspath(script)), "torchrun_restart_worker.py")
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    shm_before = {f for f in os.listdir("/dev/shm") if f.startswith("kolo-")}
+    with tempfile.TemporaryDirectory(prefix="kolo-torchrun-") as d:
+        env = dict(os.environ, STEPS="60", CKPT_DIR=d, KILL_RANK="2", KILL_STEP="35")
+        for var in OWN_TIMEOUT:
+            env.pop(var, None)
+        cmd = [torchrun, "--nproc-per-node", "3", "--max-restarts", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{harness.free_port()}", "--monitor-interval", "0.2",
+               worker]
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=120, start_new_session=True)
+        took = time.monotonic() - t0
+    out = p.stdout
+    good = p.returncode == 0
+    for r in range(3):
+        good = good and f"attempt 1 rank {r} resumed at 30" in out
+        good = good and f"attempt 1 rank {r} done w=360" in out
+    time.sleep(0.2)
+    left = subprocess.run(["pgrep", "-f", worker], stdout=subprocess.PIPE, text=True).stdout.split()
+    shm_left = {f for f in os.listdir("/dev/shm") if f.startswith("kolo-")} - shm_before
+    print(f"  result: torchrun --max-restarts 1, rank 2 SIGKILLed at step 35 of attempt 0: "
+          f"exit {p.returncode} after {took:.1f} s, attempt 1 resumed at the step-30 checkpoint "
+          f"and finished exact: {good}; processes left: {left}, /dev/shm left: {sorted(shm_left)}")
+    good = good and not left and not shm_left
+    if not good:
+        print(out[-6000:])
+    return good
+
+
 def drive_mismatch(script):
     config = {"name": "mismatch", "world": 2, "mode": "mismatch"}
     return harness.run_config(script, config, 60)
@@ -851,7 +889,8 @@ if __name__ == "__main__":
     script = os.path.abspath(sys.argv[0])
     passed = failed = 0
     for name, fn in (("kill", drive_kill), ("shrink", drive_shrink),
-                     ("ddp_shrink", drive_ddp_shrink), ("mismatch", drive_mismatch),
+                     ("ddp_shrink", drive_ddp_shrink), ("torchrun", drive_torchrun),
+                     ("mismatch", drive_mismatch),
                      ("hang", drive_hang),
                      ("stranger", drive_stranger), ("release", drive_release),
                      ("refused", drive_refused)):

@@ -325,6 +325,16 @@ at::Tensor gather_flat(const std::vector<at::Tensor>& parts, const at::Tensor& l
   return flat;
 }
 
+// The key prefix of this backend's communicators in torch's store: under torchrun's elastic
+// restarts (--max-restarts) the agent's store outlives a failed attempt, so each attempt
+// (TORCHELASTIC_RESTART_COUNT) keeps its keys apart — else the new ranks would read the dead
+// attempt's job token and addresses.
+std::string store_prefix(const std::string& base) {
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (attempt == nullptr || *attempt == '\0' || std::string(attempt) == "0") return base;
+  return base + "attempt" + attempt + "/";
+}
+
 std::exception_ptr wrap(const std::exception& e) {
   std::string what = e.what();
   if (what.rfind("kolo", 0) != 0) what = "kolo: " + what;
@@ -604,7 +614,7 @@ class CudaPath {
           kolo::NcclTransport::Options::from_env(kolo::process_env());
       topts.cuda.device = device;  // the tensor's device, whatever KOLO_CUDA_DEVICE says
       comm_ = std::make_unique<Nccl>(std::move(topo), std::make_shared<C10dKvStore>(store_),
-                                     "kolo-nccl/", topts);
+                                     store_prefix("kolo-nccl/"), topts);
       device_ = device;
       live_.store(comm_.get(), std::memory_order_release);
     } catch (const std::exception& e) {
@@ -717,7 +727,8 @@ KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     if (const auto t = effective_timeout(timeout); t.count() > 0) {
       topo.timeout_seconds = static_cast<double>(t.count()) / 1000.0;
     }
-    comm_ = std::make_unique<Comm>(std::move(topo), std::make_shared<C10dKvStore>(store), "kolo/");
+    comm_ = std::make_unique<Comm>(std::move(topo), std::make_shared<C10dKvStore>(store),
+                                   store_prefix("kolo/"));
   } catch (const std::exception& e) {
     fail(std::string("could not start the process group (rank ") + std::to_string(rank) + " of " +
          std::to_string(size) + "): " + e.what());
