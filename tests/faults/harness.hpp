@@ -270,6 +270,29 @@ inline bool contains(const std::string& s, const std::string& needle) {
   return s.find(needle) != std::string::npos;
 }
 
+// The value of ` key=` in a worker's output line, up to the next space ("" when absent).
+inline std::string field(const std::string& line, const std::string& key) {
+  const auto at = line.find(" " + key + "=");
+  if (at == std::string::npos) return "";
+  const auto from = at + key.size() + 2;
+  return line.substr(from, line.find(' ', from) - from);
+}
+
+// run(spec) for every spec, two at a time (the 2-core machine); the results in spec order.
+template <class Spec, class Run>
+auto run_two_at_a_time(const std::vector<Spec>& specs, Run run) {
+  std::vector<decltype(run(specs.front()))> results(specs.size());
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 2; ++w) {
+    workers.emplace_back([&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < specs.size();) results[i] = run(specs[i]);
+    });
+  }
+  for (auto& t : workers) t.join();
+  return results;
+}
+
 // ---------------------------------------------------------------- kolo-run jobs
 
 struct JobResult {

@@ -42,13 +42,6 @@ struct TrainResult {
   std::string out;
 };
 
-std::string field(const std::string& line, const std::string& key) {
-  const auto at = line.find(" " + key + "=");
-  if (at == std::string::npos) return "";
-  const auto from = at + key.size() + 2;
-  return line.substr(from, line.find(' ', from) - from);
-}
-
 // "4x120,3x180": the sizes in order and the steps they sum to.
 std::vector<std::pair<int, long>> parse_history(const std::string& h) {
   std::vector<std::pair<int, long>> out;
@@ -174,15 +167,7 @@ TrainResult run_train(const TrainSpec& spec) {
 }
 
 void check(const std::vector<TrainSpec>& specs, const char* what) {
-  std::vector<TrainResult> results(specs.size());
-  std::atomic<std::size_t> next{0};
-  std::vector<std::thread> workers;
-  for (int w = 0; w < 2; ++w) {
-    workers.emplace_back([&] {
-      for (std::size_t i; (i = next.fetch_add(1)) < specs.size();) results[i] = run_train(specs[i]);
-    });
-  }
-  for (auto& t : workers) t.join();
+  const std::vector<TrainResult> results = run_two_at_a_time(specs, run_train);
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const TrainSpec& s = specs[i];
     std::string victims;
@@ -363,15 +348,7 @@ TEST_CASE("a process joins the training loop: one more, and a replacement after 
   two.np = 2;
   two.spawn_at = 50;
   specs.push_back(two);
-  std::vector<TrainResult> results(specs.size());
-  std::atomic<std::size_t> next{0};
-  std::vector<std::thread> workers;
-  for (int w = 0; w < 2; ++w) {
-    workers.emplace_back([&] {
-      for (std::size_t i; (i = next.fetch_add(1)) < specs.size();) results[i] = run_join(specs[i]);
-    });
-  }
-  for (auto& t : workers) t.join();
+  const std::vector<TrainResult> results = run_two_at_a_time(specs, run_join);
   for (std::size_t i = 0; i < specs.size(); ++i) {
     CAPTURE(specs[i].np);
     CAPTURE(specs[i].transport);

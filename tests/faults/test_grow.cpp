@@ -34,13 +34,6 @@ struct GrowResult {
   std::string out;
 };
 
-std::string field(const std::string& line, const std::string& key) {
-  const auto at = line.find(" " + key + "=");
-  if (at == std::string::npos) return "";
-  const auto from = at + key.size() + 2;
-  return line.substr(from, line.find(' ', from) - from);
-}
-
 // Every line holding `tag` (from the tag on), by the value of its `new_rank=`/`rank=` field.
 std::map<std::string, std::string> lines_by(const std::string& out, const std::string& tag,
                                             const std::string& key) {
@@ -152,15 +145,7 @@ GrowResult run_grow(const GrowSpec& s) {
 
 void check(const std::vector<GrowSpec>& specs, const char* what) {
   const auto before = dev_shm_kolo();
-  std::vector<GrowResult> results(specs.size());
-  std::atomic<std::size_t> next{0};
-  std::vector<std::thread> workers;
-  for (int w = 0; w < 2; ++w) {
-    workers.emplace_back([&] {
-      for (std::size_t i; (i = next.fetch_add(1)) < specs.size();) results[i] = run_grow(specs[i]);
-    });
-  }
-  for (auto& t : workers) t.join();
+  const std::vector<GrowResult> results = run_two_at_a_time(specs, run_grow);
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const GrowSpec& s = specs[i];
     CAPTURE(what);

@@ -43,14 +43,6 @@ struct ShrinkResult {
   std::string out;
 };
 
-// The value of `key=` in a line ("" when absent).
-std::string field(const std::string& line, const std::string& key) {
-  const auto at = line.find(" " + key + "=");
-  if (at == std::string::npos) return "";
-  const auto from = at + key.size() + 2;
-  return line.substr(from, line.find(' ', from) - from);
-}
-
 ShrinkResult run_shrink(const ShrinkSpec& spec) {
   ShrinkResult res;
   auto fail = [&](const std::string& why) { res.failures.push_back(why); };
@@ -146,16 +138,7 @@ ShrinkResult run_shrink(const ShrinkSpec& spec) {
 }
 
 void check(const std::vector<ShrinkSpec>& specs, const char* what) {
-  std::vector<ShrinkResult> results(specs.size());
-  std::atomic<std::size_t> next{0};
-  std::vector<std::thread> workers;
-  for (int w = 0; w < 2; ++w) {
-    workers.emplace_back([&] {
-      for (std::size_t i; (i = next.fetch_add(1)) < specs.size();)
-        results[i] = run_shrink(specs[i]);
-    });
-  }
-  for (auto& t : workers) t.join();
+  const std::vector<ShrinkResult> results = run_two_at_a_time(specs, run_shrink);
   double worst = 0;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const ShrinkSpec& s = specs[i];
