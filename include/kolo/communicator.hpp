@@ -87,6 +87,10 @@ TensorView buffer_view(R&& r) {
 // Communicator::split's color for ranks that join no new communicator (MPI_UNDEFINED).
 inline constexpr int kUndefinedColor = -1;
 
+namespace detail {
+class WatchedStore;  // communicator/watched_store.hpp
+}  // namespace detail
+
 template <class T = DefaultTransport>
 class Communicator {
   static_assert(check_transport<T>());  // names the member T lacks (transport/transport.hpp)
@@ -594,6 +598,11 @@ class Communicator {
   std::vector<std::uint64_t> p2p_sent_;      // per peer: sends posted (signature sequence)
   std::vector<std::uint64_t> p2p_received_;  // per peer: receives posted
   std::uint64_t split_seq_ = 0;
+  // shrink's and grow's new communicator: this one's topology knobs, options, transport options
+  // and tuning, as rank `rank` of `size`, built on `watched` under `prefix` (communicator/
+  // fault.hpp); `watched` is disarmed once the build is over, whichever way it ended.
+  Communicator build_child(int rank, int size, const std::shared_ptr<detail::WatchedStore>& watched,
+                           const std::string& prefix);
   Lineage lineage_;                           // shrink's and grow's record
   std::optional<TransportOptions<T>> topts_;  // connect()'s, for shrink
   HostGroups groups_;

@@ -359,6 +359,14 @@ inline std::set<std::string> dev_shm_kolo() {
   return names;
 }
 
+// A failed check for each kolo-* name in /dev/shm that `before` (dev_shm_kolo() at the start of
+// a case) does not hold: whatever died, nothing may be left.
+inline void check_no_new_dev_shm(const std::set<std::string>& before) {
+  for (const auto& name : dev_shm_kolo()) {
+    if (!before.count(name)) FAIL_CHECK("left in /dev/shm: " << name);
+  }
+}
+
 inline std::uint16_t unused_port() {
   // Bound and closed again: the kernel hands out ephemeral ports in turn, so nobody takes it
   // back within the few seconds a case needs.

@@ -310,9 +310,7 @@ std::vector<TrainSpec> random_specs(const char* transport) {
 TEST_CASE("elastic training goes on with the survivors of SIGKILLed ranks shm") {
   const auto before = dev_shm_kolo();
   check(random_specs("shm"), "shm");
-  for (const auto& name : dev_shm_kolo()) {
-    if (!before.count(name)) FAIL_CHECK("left in /dev/shm: " << name);
-  }
+  check_no_new_dev_shm(before);
 }
 
 TEST_CASE("elastic training goes on with the survivors of SIGKILLed ranks tcp") {
@@ -358,7 +356,5 @@ TEST_CASE("a process joins the training loop: one more, and a replacement after 
     INFO("failures:\n" << all << "output:\n" << results[i].out);
     CHECK(results[i].failures.empty());
   }
-  for (const auto& name : dev_shm_kolo()) {
-    if (!before.count(name)) FAIL_CHECK("left in /dev/shm: " << name);
-  }
+  check_no_new_dev_shm(before);
 }

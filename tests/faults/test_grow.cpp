@@ -158,9 +158,7 @@ void check(const std::vector<GrowSpec>& specs, const char* what) {
     INFO("failures:\n" << all << "output:\n" << results[i].out);
     CHECK(results[i].failures.empty());
   }
-  for (const auto& name : dev_shm_kolo()) {
-    if (!before.count(name)) FAIL_CHECK("left in /dev/shm: " << name);
-  }
+  check_no_new_dev_shm(before);
 }
 
 GrowSpec spec(int np, int k, const char* transport, const char* mode) {

@@ -190,9 +190,7 @@ std::vector<ShrinkSpec> random_specs(const char* transport) {
 TEST_CASE("survivors of SIGKILLed ranks shrink and go on shm") {
   const auto before = dev_shm_kolo();
   check(random_specs("shm"), "shm");
-  for (const auto& name : dev_shm_kolo()) {
-    if (!before.count(name)) FAIL_CHECK("left in /dev/shm: " << name);
-  }
+  check_no_new_dev_shm(before);
 }
 
 TEST_CASE("survivors of SIGKILLed ranks shrink and go on tcp") {

@@ -102,6 +102,35 @@ std::vector<int> Communicator<T>::lost_ranks() {
 }
 
 template <class T>
+Communicator<T> Communicator<T>::build_child(int rank, int size,
+                                             const std::shared_ptr<detail::WatchedStore>& watched,
+                                             const std::string& prefix) {
+  if constexpr (!Connectable<T>) {
+    (void)rank;
+    (void)size;
+    (void)watched;
+    (void)prefix;
+    throw ConfigError("this communicator's transport is not built through a rendezvous store");
+  } else {
+    Topology t = topo_;
+    t.rank = rank;
+    t.size = size;
+    t.local_rank = t.local_size = t.cross_rank = t.cross_size = -1;  // derived anew by host key
+    t.listen_fd = -1;
+    CommunicatorOptions o = opts_;
+    o.inherited_tuning = selector_.tuning();  // the same links: no probe
+    try {
+      Communicator c(std::move(t), watched, prefix, *topts_, o);
+      watched->disarm();
+      return c;
+    } catch (...) {
+      watched->disarm();
+      throw;
+    }
+  }
+}
+
+template <class T>
 Communicator<T> Communicator<T>::shrink(const std::vector<int>& excluded, const ShrinkOptions& so) {
   if constexpr (!Connectable<T>) {
     (void)excluded;
@@ -221,13 +250,8 @@ Communicator<T> Communicator<T>::shrink(const std::vector<int>& excluded, const 
                     "), fewer than min_size " + std::to_string(so.min_size));
       }
       // ---- the new communicator, then the commit barrier ----
-      Topology t = topo_;
-      t.size = static_cast<int>(members.size());
-      t.rank = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
-      t.local_rank = t.local_size = t.cross_rank = t.cross_size = -1;
-      t.listen_fd = -1;
-      CommunicatorOptions o = opts_;
-      o.inherited_tuning = selector_.tuning();
+      const int new_rank =
+          static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
       const std::string prefix =
           root + "g" + std::to_string(lineage_.generation + 1) + "." + std::to_string(round) + "/";
       std::optional<Communicator> next;
@@ -245,30 +269,9 @@ Communicator<T> Communicator<T>::shrink(const std::vector<int>& excluded, const 
       };
       auto watched = std::make_shared<detail::WatchedStore>(boot_->shared_store(), check);
       try {
-        try {
-          next.emplace(std::move(t), watched, prefix, *topts_, o);
-        } catch (...) {
-          watched->disarm();
-          throw;
-        }
-        watched->disarm();
+        next.emplace(build_child(new_rank, static_cast<int>(members.size()), watched, prefix));
         hook(4);
-        st.set(base + "built/" + std::to_string(next->rank()), "1");
-        std::vector<std::string> built;
-        for (std::size_t j = 0; j < members.size(); ++j) {
-          built.push_back(base + "built/" + std::to_string(j));
-        }
-        // Every member built, or none returns: a member that fails here (another member's
-        // build failed, a member died, the time is up) first looks once more, because the
-        // built/* keys stay — if they are all there, the others may have returned already.
-        while (!st.wait_for(built, 0.005)) {
-          try {
-            check();
-          } catch (const Error&) {
-            if (st.wait_for(built, 0)) break;
-            throw;
-          }
-        }
+        detail::commit_barrier(st, base, next->rank(), static_cast<int>(members.size()), check);
       } catch (const Error& e) {
         last_failure = e.what();
         try {

@@ -119,23 +119,6 @@ inline void grow_throw_if_failed(KvStore& st, const std::string& base) {
   }
 }
 
-// The commit barrier of grow and join: this rank's built/<j>, then every rank's, or the first
-// failure (`check` throws) — unless, looking once more, every built/* key is there.
-inline void grow_commit(KvStore& st, const std::string& base, int rank, int size,
-                        const std::function<void()>& check) {
-  st.set(base + "built/" + std::to_string(rank), "1");
-  std::vector<std::string> built;
-  for (int j = 0; j < size; ++j) built.push_back(base + "built/" + std::to_string(j));
-  while (!st.wait_for(built, 0.005)) {
-    try {
-      check();
-    } catch (const Error&) {
-      if (st.wait_for(built, 0)) return;
-      throw;
-    }
-  }
-}
-
 }  // namespace detail
 
 template <class T>
@@ -221,20 +204,8 @@ Communicator<T> Communicator<T>::grow(int count, const GrowOptions& go) {
                           ": every member passes the same count and token");
       }
       // ---- the enlarged communicator, then the commit barrier ----
-      Topology t = topo_;
-      t.size = n + count;
-      t.local_rank = t.local_size = t.cross_rank = t.cross_size = -1;
-      t.listen_fd = -1;
-      CommunicatorOptions o = opts_;
-      o.inherited_tuning = selector_.tuning();
-      try {
-        next.emplace(std::move(t), watched, prefix, *topts_, o);
-      } catch (...) {
-        watched->disarm();
-        throw;
-      }
-      watched->disarm();
-      detail::grow_commit(st, base, me, n + count, check);
+      next.emplace(build_child(me, n + count, watched, prefix));
+      detail::commit_barrier(st, base, me, n + count, check);
     } catch (const Error& e) {
       detail::grow_record_failure(st, base, "member " + std::to_string(me), e);
       if (e.kind() == ErrorKind::config) throw;
@@ -309,7 +280,7 @@ Communicator<T> Communicator<T>::join(std::shared_ptr<KvStore> store, const std:
       throw;
     }
     watched->disarm();
-    detail::grow_commit(*store, base, next->rank(), size, check);
+    detail::commit_barrier(*store, base, next->rank(), size, check);
   } catch (const Error& e) {
     detail::grow_record_failure(*store, base, "joiner " + std::to_string(place), e);
     if (e.kind() == ErrorKind::config) throw;

@@ -1,6 +1,7 @@
-// kolo/communicator/watched_store.hpp — WatchedStore: the rendezvous store as a communicator
-// being built by shrink or grow sees it (communicator/fault.hpp, communicator/grow.hpp), its
-// waits cut into slices between which a check may end them.
+// kolo/communicator/watched_store.hpp — what shrink and grow (communicator/fault.hpp,
+// communicator/grow.hpp) build their new communicator with: WatchedStore, the rendezvous store
+// whose waits are cut into slices between which a check may end them, and the commit barrier
+// after the build.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "kolo/core/error.hpp"
 #include "kolo/topology/kv_store.hpp"
 
 namespace kolo::detail {
@@ -59,5 +61,24 @@ class WatchedStore final : public KvStore {
   std::shared_ptr<KvStore> inner_;
   std::function<void()> check_;
 };
+
+// The commit barrier after a new communicator's build: this rank writes base/built/<rank>, then
+// waits for every rank's, or for `check` to throw (a member died, another's build failed, the
+// time is up). Every member built, or none returns: a rank whose check throws first looks once
+// more, because the built/* keys stay — if they are all there, the others may have returned.
+inline void commit_barrier(KvStore& st, const std::string& base, int rank, int size,
+                           const std::function<void()>& check) {
+  st.set(base + "built/" + std::to_string(rank), "1");
+  std::vector<std::string> built;
+  for (int j = 0; j < size; ++j) built.push_back(base + "built/" + std::to_string(j));
+  while (!st.wait_for(built, 0.005)) {
+    try {
+      check();
+    } catch (const Error&) {
+      if (st.wait_for(built, 0)) return;
+      throw;
+    }
+  }
+}
 
 }  // namespace kolo::detail
