@@ -41,9 +41,12 @@ constexpr SectionText kSections[] = {
     {Section::gpu, "GPU", "Read by `CudaStagedTransport` and `NcclTransport` ([gpu.md](gpu.md))."},
     {Section::mpi, "MPI", "Read by `MpiTransport` and `MpiNativeTransport` ([mpi.md](mpi.md))."},
     {Section::torch, "PyTorch backend", "Read by `kolo_torch` ([torch.md](torch.md))."},
-    {Section::spark, "Spark data shards",
-     "Exported by `kolo_spark.run(..., df=...)` and read by `kolo::spark::DataShard` "
-     "([spark.md](spark.md)). The Spark backend also exports torchrun's variables "
+    {Section::spark, "Spark data shards and elastic runs",
+     "The `KOLO_DATA_*` variables are exported by `kolo_spark.run(..., df=...)` and read by "
+     "`kolo::spark::DataShard`; the `KOLO_SPARK_*` ones by `run(..., elastic=True)` or "
+     "`max_attempts` > 1, beside `KOLO_STORE` and `KOLO_JOB_ID` (the store the driver hosts), "
+     "and read by `kolo_spark.elastic` ([spark.md](spark.md)). The Spark backend also exports "
+     "torchrun's variables "
      "(`MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, "
      "`GROUP_RANK`) and, for a rank with GPUs, `CUDA_VISIBLE_DEVICES` with "
      "`KOLO_CUDA_DEVICE=0`."},

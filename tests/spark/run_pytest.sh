@@ -6,6 +6,7 @@
 # CTest built:
 #   KOLO_DEMO_BIN       examples/allreduce_demo
 #   KOLO_SHARD_SUM_BIN  examples/spark/shard_sum (target kolo_spark_shard_sum)
+#   KOLO_ELASTIC_WORKER_BIN  tests/faults/elastic_worker (target kolo_elastic_worker)
 # Java 17 is installed from Debian when missing (as root). A missing dependency is a failure,
 # never a skip; in CI (CI set) every skip is a failure (conftest.py, tests/common/kolo_skip.py). Extra arguments go to pytest (e.g. -k local_mode, -m kolo_torch).
 set -uo pipefail
@@ -37,7 +38,7 @@ py=$(bash "$repo/tests/pyenv.sh") || fail "the Python test environment (tests/py
 # --- kolo_spark from the source tree; binaries from CTest ---
 export PYTHONPATH="$repo/backends/spark${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
-for var in KOLO_DEMO_BIN KOLO_SHARD_SUM_BIN; do
+for var in KOLO_DEMO_BIN KOLO_SHARD_SUM_BIN KOLO_ELASTIC_WORKER_BIN; do
   [[ -n ${!var:-} ]] || fail "$var is not set (run through CTest, or export it)"
   export "$var=$(realpath "${!var}")"  # the tests run in a scratch directory
 done

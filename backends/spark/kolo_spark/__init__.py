@@ -21,6 +21,7 @@ __version__ = "0.2.0"
 # import this package too, and should not pay for the driver's modules.
 _WHERE = {
     "run": "api", "RunResult": "results", "RankResult": "results", "FunctionResults": "results",
+    "Attempt": "results",
     "check_conf": "preflight", "local_master_slots": "preflight", "task_slots": "preflight",
     "KoloSparkError": "errors", "ConfigurationError": "errors", "RankFailedError": "errors",
     "RankFunctionError": "errors", "ResultTooLargeError": "errors", "SetupError": "errors",
@@ -31,11 +32,11 @@ _WHERE = {
     "peers_string": "topology", "rendezvous": "topology",
 }
 
-__all__ = sorted(_WHERE) + ["timeline", "data"]
+__all__ = sorted(_WHERE) + ["timeline", "data", "elastic"]
 
 
 def __getattr__(name):
-    if name in ("timeline", "data"):
+    if name in ("timeline", "data", "elastic"):
         return importlib.import_module(f".{name}", __name__)
     module = _WHERE.get(name)
     if module is None:

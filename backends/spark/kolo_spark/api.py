@@ -10,16 +10,18 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import data as data_mod
 from . import local_job, spark_job
 from . import timeline as tl
-from .errors import ConfigurationError
+from .elastic import DriverStore
+from .errors import ConfigurationError, ResultTooLargeError
 from .liveness import print_line
 from .preflight import pyspark_problem
-from .results import FunctionResults, RunResult, finish
+from .results import Attempt, FunctionResults, RunResult, finish
 from .task import CONTRACT_VARS, TORCHRUN_VARS, HostKey, TaskSpec
 
 DEFAULT_MAX_RESULT_BYTES = 64 << 20
@@ -67,6 +69,7 @@ def run(spark, num_proc: int, command: Union[str, Sequence[str], Callable], args
         stream_logs: Union[bool, Any, Callable[[int, str], None]] = True,
         log_lines_per_second: float = 100.0, log_line_bytes: int = 2048,
         timeline: Optional[str] = None, max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        elastic: bool = False, min_np: Optional[int] = None, max_attempts: int = 1,
         ) -> Union[RunResult, FunctionResults]:
     """Runs ``num_proc`` kolo ranks, one per Spark barrier task: a native program, or a Python
     function.
@@ -106,6 +109,18 @@ def run(spark, num_proc: int, command: Union[str, Sequence[str], Callable], args
         driver's environment; None: no timeline).
     max_result_bytes: functions only: the largest pickled return value a rank may send (capped
         at spark.driver.maxResultSize / num_proc); a larger one is a ResultTooLargeError.
+    elastic: a rank whose process fails is lost, not fatal: its task ends without failing the
+        stage and the others go on (they shrink their communicator: Communicator::shrink,
+        dist.shrink_group; kolo_spark.elastic.lost_ranks names whom), while at least
+        ``min_np`` ranks (default 1) are left; below it the run fails as without elastic. The
+        driver hosts kolo's rendezvous store (the ranks' KOLO_STORE), so it outlives every
+        rank. The result's ``lost`` lists the lost ranks, their RankResult.lost what failed.
+    max_attempts: run the job up to this many times when an attempt fails (a rank's failure
+        outside an elastic run, a lost executor, Spark failing the stage); each attempt is a
+        fresh barrier job, and a function resumes from kolo_spark.elastic.restore() (what a
+        rank committed with kolo_spark.elastic.commit in an earlier attempt). The result's
+        ``attempts`` reports each; the last attempt's error is raised with ``.attempts`` set.
+        Configuration errors, a result over max_result_bytes and Ctrl-C are not retried.
 
     Raises ConfigurationError before submitting anything for a job that cannot run,
     RankFailedError naming the rank that failed first (RankFunctionError for a function that
@@ -157,13 +172,26 @@ def run(spark, num_proc: int, command: Union[str, Sequence[str], Callable], args
         raise ConfigurationError(f"kolo_spark: max_result_bytes={max_result_bytes!r} must be a "
                                  "positive number of bytes")
     sink = _log_sink(stream_logs)
+    if not isinstance(elastic, bool):
+        raise ConfigurationError(f"kolo_spark: elastic={elastic!r} must be True or False")
+    if min_np is not None and not elastic:
+        raise ConfigurationError("kolo_spark: min_np is for elastic=True runs")
+    if min_np is None:
+        min_np = 1
+    if not isinstance(min_np, int) or isinstance(min_np, bool) or not 1 <= min_np <= num_proc:
+        raise ConfigurationError(f"kolo_spark: min_np={min_np!r} must be an integer from 1 to "
+                                 f"num_proc={num_proc}")
+    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
+        raise ConfigurationError(f"kolo_spark: max_attempts={max_attempts!r} must be a positive "
+                                 "integer")
 
     spec = TaskSpec(num_proc=num_proc, argv=argv, secret=secrets.token_hex(32), env=user_env,
                     timeout=timeout, tail_lines=tail_lines, echo=echo is not False,
                     collect_output=collect_output, kill_grace=kill_grace, host_key=host_key,
                     data_dir=data_dir, timeline=bool(timeline_path), stream_logs=sink is not None,
                     log_lines_per_second=log_lines_per_second, log_line_bytes=log_line_bytes,
-                    max_result_bytes=max_result_bytes)
+                    max_result_bytes=max_result_bytes, elastic=elastic,
+                    min_np=min_np if elastic else 0)
     if is_fn:
         spec.pickler, cp = _pickle_module(local_mode)
         try:
@@ -174,21 +202,63 @@ def run(spark, num_proc: int, command: Union[str, Sequence[str], Callable], args
                                      f"pickled on the driver: {type(e).__name__}: {e}"
                                      + (f" ({why})" if why else "")) from None
 
-    if local_mode:
-        traces: Dict[int, List[dict]] = {}
-        hosts: Dict[int, str] = {}
-        try:
-            result, values = local_job.run_local(spec, spark, df, data_format, local_gpus, sink,
-                                                 traces, hosts)
-        finally:
-            if timeline_path:
-                tl.write_merged(timeline_path, traces, origin_us, num_proc, hosts,
-                                [tl.complete("run (local mode)", origin_us, tl.now_us(),
-                                             tl.KOLO_TID)])
-        return finish(result, is_fn, started_at, timeline_path, values)
+    def one_attempt(store: Optional[DriverStore]):
+        if local_mode:
+            traces: Dict[int, List[dict]] = {}
+            hosts: Dict[int, str] = {}
+            try:
+                return local_job.run_local(spec, spark, df, data_format, local_gpus, sink,
+                                           traces, hosts, store)
+            finally:
+                if timeline_path:
+                    tl.write_merged(timeline_path, traces, origin_us, num_proc, hosts,
+                                    [tl.complete("run (local mode)", origin_us, tl.now_us(),
+                                                 tl.KOLO_TID)])
+        return spark_job.run_job(spark, spec, df=df, data_format=data_format, use_gpu=use_gpu,
+                                 echo=echo, sink=sink, start_timeout=start_timeout, ship=ship,
+                                 is_fn=is_fn, timeline_path=timeline_path, origin_us=origin_us,
+                                 driver_store=store)
 
-    result, values = spark_job.run_job(spark, spec, df=df, data_format=data_format,
-                                       use_gpu=use_gpu, echo=echo, sink=sink,
-                                       start_timeout=start_timeout, ship=ship, is_fn=is_fn,
-                                       timeline_path=timeline_path, origin_us=origin_us)
-    return finish(result, is_fn, started_at, timeline_path, values)
+    if not elastic and max_attempts == 1:
+        result, values = one_attempt(None)
+        result.attempts = [Attempt(0, time.monotonic() - started_at)]
+        return finish(result, is_fn, started_at, timeline_path, values)
+    return _attempts(spec, one_attempt, max_attempts, is_fn, started_at, timeline_path)
+
+
+# Not retried: the job cannot run as configured, a result too large, or the user's Ctrl-C.
+_NOT_RETRIED = (ConfigurationError, ResultTooLargeError)
+
+
+def _attempts(spec: TaskSpec, one_attempt, max_attempts: int, is_fn: bool, started_at: float,
+              timeline_path: Optional[str]):
+    """Runs ``one_attempt(store)`` up to ``max_attempts`` times over one driver store (its
+    commit carried from each attempt to the next) until one finishes; returns its result with
+    every attempt reported, or raises the last attempt's error with ``.attempts`` set."""
+    store = DriverStore(spec.secret, secrets.token_hex(6))
+    attempts: List[Attempt] = []
+    for number in range(max_attempts):
+        spec.attempt = number
+        t0 = time.monotonic()
+        try:
+            result, values = one_attempt(store)
+        except _NOT_RETRIED:
+            raise
+        except Exception as e:
+            summary = e.summary() if hasattr(e, "summary") else str(e).split("\n", 1)[0]
+            attempts.append(Attempt(number, time.monotonic() - t0, tuple(sorted(store.last_lost)),
+                                    str(e), type(e).__name__))
+            if number + 1 >= max_attempts:
+                e.attempts = attempts
+                raise
+            done = store.committed()
+            print(f"kolo_spark: attempt {number + 1} of {max_attempts} failed ({summary}); "
+                  f"running attempt {number + 2}"
+                  + (f", which resumes from commit {done[0]}" if done else
+                     " (nothing committed: it starts over)"), file=sys.stderr)
+            continue
+        attempts.append(Attempt(number, time.monotonic() - t0, tuple(result.lost)))
+        result.attempts = attempts
+        result.committed = store.committed()
+        return finish(result, is_fn, started_at, timeline_path, values)
+    raise AssertionError("unreachable")

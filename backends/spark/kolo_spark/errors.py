@@ -192,6 +192,14 @@ def first_failure(errors: Iterable[RankFailedError]) -> Optional[RankFailedError
     return chosen
 
 
+def note_too_few(error: RankFailedError, left: int, num_proc: int, min_np: int) -> None:
+    """Adds to ``error`` (the failure an elastic run raises) that the run ended because only
+    ``left`` of ``num_proc`` ranks were left, below ``min_np``."""
+    note = f"(elastic run: {left} of {num_proc} ranks left, below min_np={min_np})"
+    error.detail = f"{error.detail} {note}" if error.detail else note
+    error.args = (error._full_message(),)
+
+
 class SetupError(KoloSparkError):
     """A rank failed before its native process was launched (e.g. writing its data shard).
     Every rank sees it through the allGather, so all of them stop instead of waiting."""

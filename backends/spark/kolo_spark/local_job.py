@@ -16,7 +16,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import data as data_mod
 from . import task
-from .errors import ConfigurationError, RankFailedError, first_failure
+from .elastic import DriverStore
+from .errors import ConfigurationError, RankFailedError, first_failure, note_too_few
 from .process import NativeProcess
 from .results import RunResult, rank_result
 from .task import PreparedRank, RankLaunch, TaskSpec, default_host_key, python_path
@@ -82,14 +83,17 @@ class _LocalLines:
 
 
 def run_local(spec: TaskSpec, spark, df, data_format: str, local_gpus: Optional[Sequence],
-              sink, traces: Dict[int, List[dict]], hosts: Dict[int, str]
+              sink, traces: Dict[int, List[dict]], hosts: Dict[int, str],
+              driver_store: Optional[DriverStore] = None
               ) -> Tuple[RunResult, List[Optional[bytes]]]:
     """Runs ``spec``'s ranks on the driver; returns the RunResult and each rank's pickled return
     value (None for a program), or raises the first failure. ``df``'s partition r (``spark``:
     its session, or None) becomes rank r's shard in ``data_format``; ``local_gpus`` are split
     evenly among the ranks; ``sink``: the driver's log sink (None: echo to stdout when
     ``spec.echo``). Fills ``traces`` and ``hosts`` (rank -> events, host key) for the timeline,
-    also when it raises. Every rank's processes are gone when it returns."""
+    also when it raises. ``driver_store``: an elastic or retried run's store, opened on
+    loopback for this attempt and closed when its ranks are gone. Every rank's processes are
+    gone when it returns."""
     n = spec.num_proc
     host = spec.host_key if isinstance(spec.host_key, str) and spec.host_key not in (
         "host", "executor") else default_host_key()
@@ -98,6 +102,8 @@ def run_local(spec: TaskSpec, spark, df, data_format: str, local_gpus: Optional[
     procs: List[NativeProcess] = []
     launches: List[RankLaunch] = []
     lines: List[Optional[_LocalLines]] = []
+    if driver_store is not None:
+        driver_store.open(spec, "127.0.0.1", "127.0.0.1")
     try:
         partitions = None
         if df is not None:
@@ -129,10 +135,11 @@ def run_local(spec: TaskSpec, spark, df, data_format: str, local_gpus: Optional[
             # No executor log here: a line goes to the sink, or (without one) to stdout as echo
             procs.append(launch.start(listener, (), f"kolo rank {r}", out,
                                       echo=out is None and spec.echo))
-        failure = _supervise(procs, launches, spec)
+        failure, lost = _supervise(procs, launches, spec)
         if failure is not None:
             raise failure
-        runs = [launch.outcome(p) for launch, p in zip(launches, procs)]
+        runs = [lost[r] if r in lost else launch.outcome(p)
+                for r, (launch, p) in enumerate(zip(launches, procs))]
         return RunResult(ranks=[rank_result(run.result) for run in runs]), \
             [run.value for run in runs]
     finally:
@@ -145,10 +152,13 @@ def run_local(spec: TaskSpec, spark, df, data_format: str, local_gpus: Optional[
                 out.flush_notice()
         for me in prepared:
             me.release()
+        if driver_store is not None:
+            driver_store.close()
 
 
 def _supervise(procs: List[NativeProcess], launches: List[RankLaunch], spec: TaskSpec,
-               failure_grace: float = 3.0) -> Optional[RankFailedError]:
+               failure_grace: float = 3.0
+               ) -> Tuple[Optional[RankFailedError], Dict[int, task.RankRun]]:
     """Streams every rank's output until all exit. After the first failure the others get
     ``failure_grace`` seconds to stop on their own (kolo turns a lost peer into an error), then
     are terminated, as kolo-run does (its --grace, 3 s by default). Ending a rank is always
@@ -156,9 +166,16 @@ def _supervise(procs: List[NativeProcess], launches: List[RankLaunch], spec: Tas
     supervisor's SIGTERM, then SIGKILL after ``kill_grace``: the one implementation, which a
     barrier task uses too); a timeout is :meth:`RankLaunch.stop_for_timeout`, as in a barrier
     task. Returns the failure to raise: :func:`first_failure` of every rank that failed by
-    itself (the ranks terminated here are not failures of theirs)."""
+    itself (the ranks terminated here are not failures of theirs), and the lost ranks' runs.
+
+    In an elastic run (``spec.elastic``) a rank that fails (other than by the timeout) is lost
+    instead (:func:`kolo_spark.task.lost_run`, recorded in the store at once) and the others go
+    on, until more than ``num_proc - min_np`` are lost: then the grace and the failure as
+    above, noted with the count (:func:`kolo_spark.errors.note_too_few`)."""
     deadline = None if spec.timeout is None else time.monotonic() + spec.timeout
     failures: Dict[int, RankFailedError] = {}
+    lost: Dict[int, task.RankRun] = {}
+    too_few = False
     stop_at = None
     done = [False] * len(procs)
     while not all(done):
@@ -178,6 +195,11 @@ def _supervise(procs: List[NativeProcess], launches: List[RankLaunch], spec: Tas
                     launches[r].outcome(p)
                 except RankFailedError as e:
                     failures[r] = e
+                    if spec.elastic and stop_at is None:
+                        lost[r] = task.lost_run(spec, launches[r].me, launches[r].data, e)
+                        if len(lost) <= len(procs) - max(1, spec.min_np):
+                            continue
+                        too_few = True
                 if stop_at is None:
                     stop_at = time.monotonic() + failure_grace
         now = time.monotonic()
@@ -190,4 +212,9 @@ def _supervise(procs: List[NativeProcess], launches: List[RankLaunch], spec: Tas
                 if not done[r]:
                     p.terminate()
                     done[r] = True
-    return first_failure(failures.values())
+    if spec.elastic and not too_few and stop_at is None:
+        return None, lost
+    failure = first_failure(failures.values())
+    if too_few and failure is not None:
+        note_too_few(failure, len(procs) - len(lost), len(procs), spec.min_np)
+    return failure, lost

@@ -30,6 +30,22 @@ class RankResult:
     data_rows: Optional[int] = None
     output: str = ""  # the tail of the rank's output (rank 0 always; every rank with "all")
     leftovers: Tuple[dict, ...] = ()  # processes the rank left running, ended by kolo_spark
+    # Elastic runs: a rank whose process failed while the others went on, with what its task
+    # recorded (the failure: exit_code, failed_at, tail ...); None for a rank that finished.
+    lost: Optional[dict] = None
+
+
+@dataclass
+class Attempt:
+    """One attempt of a run (``run(..., max_attempts=N)`` makes up to N): its number (0, 1,
+    ...), seconds, the ranks it lost and went on without (elastic runs), and the error that
+    ended it (None: it finished; the text of what ``run()`` would have raised otherwise)."""
+
+    number: int
+    elapsed: float = 0.0
+    lost: Tuple[int, ...] = ()
+    error: Optional[str] = None
+    error_type: Optional[str] = None
 
 
 @dataclass
@@ -37,6 +53,13 @@ class RunResult:
     ranks: List[RankResult] = field(default_factory=list)
     elapsed: float = 0.0
     timeline: Optional[str] = None  # the merged timeline's path, when one was written
+    attempts: List[Attempt] = field(default_factory=list)  # every attempt, the last one included
+    committed: Optional[Tuple[int, object]] = None  # (version, state): kolo_spark.elastic.commit
+
+    @property
+    def lost(self) -> List[int]:
+        """The ranks of the last attempt that were lost while the others went on."""
+        return [r.rank for r in self.ranks if r.lost is not None]
 
     @property
     def exit_codes(self) -> List[int]:
@@ -52,18 +75,30 @@ class FunctionResults(list):
     """What ``run(spark, n, fn, ...)`` returns: the list of every rank's return value, in rank
     order, with ``ranks`` (each rank's RankResult: ``rank``, ``exit_code``, ``host``, ``ip``,
     ``port``, ``local_rank``, ``local_size``, ``cross_rank``, ``cross_size``, ``devices``,
-    ``data_rows``, ``output``, ``leftovers``), ``elapsed`` (seconds) and ``timeline`` (the merged
-    timeline's path, or None)."""
+    ``data_rows``, ``output``, ``leftovers``, ``lost``), ``elapsed`` (seconds), ``timeline`` (the
+    merged timeline's path, or None), ``attempts`` (:class:`Attempt` each), ``committed``
+    (``(version, state)`` of the last kolo_spark.elastic.commit, or None) and ``lost`` (the
+    ranks an elastic run went on without; their values are None)."""
 
     ranks: List[RankResult]
     elapsed: float
     timeline: Optional[str]
+    attempts: List[Attempt]
+    committed: Optional[Tuple[int, object]]
 
-    def __init__(self, values=(), ranks=(), elapsed: float = 0.0, timeline: Optional[str] = None):
+    def __init__(self, values=(), ranks=(), elapsed: float = 0.0, timeline: Optional[str] = None,
+                 attempts=(), committed: Optional[Tuple[int, object]] = None):
         super().__init__(values)
         self.ranks = list(ranks)
         self.elapsed = elapsed
         self.timeline = timeline
+        self.attempts = list(attempts)
+        self.committed = committed
+
+    @property
+    def lost(self) -> List[int]:
+        """The ranks of the last attempt that were lost while the others went on."""
+        return [r.rank for r in self.ranks if r.lost is not None]
 
 
 def rank_result(result: dict) -> RankResult:
@@ -84,6 +119,7 @@ def finish(result: RunResult, is_fn: bool, started_at: float, timeline_path: Opt
         result.elapsed = elapsed
         result.timeline = timeline_path
         return result
+    # A lost rank of an elastic run returned nothing: its value is None.
     out = []
     for rank, blob in zip(result.ranks, values):
         try:  # pickled by the ranks with the job's cloudpickle, which pickle finds by name
@@ -91,4 +127,5 @@ def finish(result: RunResult, is_fn: bool, started_at: float, timeline_path: Opt
         except Exception as e:
             raise KoloSparkError(f"kolo_spark: rank {rank.rank}'s return value cannot be "
                                  f"unpickled on the driver: {type(e).__name__}: {e}") from None
-    return FunctionResults(out, result.ranks, elapsed, timeline_path)
+    return FunctionResults(out, result.ranks, elapsed, timeline_path, result.attempts,
+                           result.committed)

@@ -22,7 +22,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import data as data_mod
 from . import timeline as tl
-from .errors import ConfigurationError, RankFailedError, StartTimeoutError, first_failure
+from .elastic import DriverStore, LostWatch
+from .errors import (ConfigurationError, RankFailedError, StartTimeoutError, first_failure,
+                     note_too_few)
 from .liveness import LivenessServer, hub_bind_host
 from .preflight import check_spark, local_master_slots, spark_size, task_slots
 from .results import RunResult, rank_result
@@ -36,12 +38,16 @@ def spark_context(spark):
 
 def run_job(spark, spec: TaskSpec, *, df, data_format: str, use_gpu: Optional[bool],
             echo: Optional[bool], sink, start_timeout: float, ship: bool, is_fn: bool,
-            timeline_path: Optional[str], origin_us: float
+            timeline_path: Optional[str], origin_us: float,
+            driver_store: Optional[DriverStore] = None
             ) -> Tuple[RunResult, List[Optional[bytes]]]:
     """Runs ``spec``'s ranks as one barrier stage of ``spark``: the pre-flight checks
     (:func:`kolo_spark.preflight.check_spark`), then the job; returns the RunResult and each
     rank's pickled return value (None for a program). ``sink``: the driver's log sink (or
-    None); ``timeline_path``: where the merged timeline goes (None: none)."""
+    None); ``timeline_path``: where the merged timeline goes (None: none); ``driver_store``:
+    an elastic or retried run's store, opened here for this attempt (on the hub's address) and
+    closed when its ranks are gone. In an elastic run more than ``num_proc - min_np`` lost
+    ranks cancel the job and raise the first of their failures."""
     if spark is None:
         raise ConfigurationError("kolo_spark: spark is None (pass a SparkSession, or "
                                  "local_mode=True to run the ranks on the driver)")
@@ -71,16 +77,29 @@ def run_job(spark, spec: TaskSpec, *, df, data_format: str, use_gpu: Optional[bo
     hub = LivenessServer(spec.secret, bind_host=hub_bind_host(conf.get, sc.master), on_line=sink)
     spec.liveness = ("127.0.0.1" if hub.bind_host.startswith("127.") else
                      spec.driver_host or hub.bind_host, hub.port)
+    watch = None
+    if driver_store is not None:
+        try:
+            driver_store.open(spec, hub.bind_host, spec.liveness[0])
+        except BaseException:
+            hub.close()
+            raise
+        if spec.elastic:
+            watch = LostWatch(driver_store, num_proc, spec.min_np)
     job = rdd.barrier().mapPartitions(functools.partial(barrier_partition, spec))
     group = f"kolo_spark-{uuid.uuid4().hex[:12]}"
     description = f"kolo_spark: {num_proc} ranks of {os.path.basename(spec.argv[0])}"
     driver_events: List[dict] = []
     try:
         rows = _collect(sc, job, group, description, num_proc, start_timeout, hub,
-                        kill_grace, driver_events)
+                        kill_grace, driver_events, watch)
         hub.wait_all_gone(2.0)  # the tasks have ended: their last lines and timelines
+        if watch is not None and watch.too_few():  # lost at the very end
+            raise _too_few(driver_store, num_proc, spec.min_np)
     finally:
         hub.close()
+        if driver_store is not None:
+            driver_store.close()
         if timeline_path:
             driver_events.append(tl.complete("run", origin_us, tl.now_us(), tl.KOLO_TID))
             hosts = {r: "" for r in range(num_proc)}
@@ -192,8 +211,22 @@ def ship_package(sc) -> str:
     return path
 
 
+def _too_few(store: DriverStore, num_proc: int, min_np: int) -> RankFailedError:
+    """The failure an elastic run raises when too few ranks are left: the first of the lost
+    ranks' (errors.first_failure), noted with the count."""
+    lost = store.lost()
+    errors = [e for e in (error_from_payload(p) for p in lost.values())
+              if isinstance(e, RankFailedError)]
+    err = first_failure(errors)
+    if err is None:
+        err = RankFailedError(min(lost) if lost else 0, None, detail="lost")
+    note_too_few(err, num_proc - len(lost), num_proc, min_np)
+    return err
+
+
 def _collect(sc, job, group: str, description: str, num_proc: int, start_timeout: float,
-             hub: LivenessServer, kill_grace: float, driver_events: List[dict]):
+             hub: LivenessServer, kill_grace: float, driver_events: List[dict],
+             watch: Optional[LostWatch] = None):
     """job.collect() under kolo's job group, in a helper thread while this one waits.
 
     Waiting here instead of inside the py4j call is what makes Ctrl-C work: PySpark's own
@@ -230,7 +263,9 @@ def _collect(sc, job, group: str, description: str, num_proc: int, start_timeout
         thread.start()
         try:
             while not done.wait(0.2):
-                pass
+                if watch is not None and not watch.triggered and watch.too_few():
+                    # Fewer than min_np left: the job ends, as kolo-run --elastic=MIN_NP ends.
+                    sc.cancelJobGroup(group)
         except KeyboardInterrupt:
             _cancel_after_interrupt(sc, group, done, hub, kill_grace)
             raise
@@ -243,6 +278,9 @@ def _collect(sc, job, group: str, description: str, num_proc: int, start_timeout
                 pass
     driver_events.append(tl.complete("barrier job (submit to results)", t_submit, tl.now_us(),
                                      tl.KOLO_TID))
+    if "error" in box and watch is not None and watch.triggered:
+        hub.wait_all_gone(kill_grace + 15.0)
+        raise _too_few(watch.store, num_proc, watch.min_np)
     if "error" in box:
         e = box["error"]
         if monitor.is_alive():

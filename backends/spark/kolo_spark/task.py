@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import data as data_mod
+from . import elastic as elastic_mod
 from . import liveness
 from . import timeline as tl
 from .errors import (ConfigurationError, KoloSparkError, RankFailedError, RankFunctionError,
@@ -109,6 +110,32 @@ def build_env(base: Mapping[str, str], user_env: Optional[Mapping[str, str]],
     if data:
         env.update(data)
     return env
+
+
+def rank_job_id(spec: "TaskSpec") -> str:
+    """The ranks' KOLO_JOB_ID in an elastic or retried run: the attempt's job id and the Spark
+    attempt of the barrier stage, which the driver's store serves as a namespace of its own."""
+    if stage_attempt := spec.stage_attempt:
+        if stage_attempt >= elastic_mod.STAGE_ATTEMPTS:
+            raise ConfigurationError(
+                f"kolo_spark: Spark ran the barrier stage for the {stage_attempt + 1}th time; "
+                f"the driver's store serves {elastic_mod.STAGE_ATTEMPTS} attempts of one stage")
+    return f"{spec.job_id}-s{stage_attempt}"
+
+
+def store_env(spec: "TaskSpec") -> Dict[str, str]:
+    """A rank's variables of an elastic or retried run (none otherwise): ``KOLO_STORE`` and
+    ``KOLO_JOB_ID`` (the driver's store: kolo's rendezvous then outlives every rank, so the
+    survivors of a lost one can shrink), and kolo_spark.elastic's ``KOLO_SPARK_ELASTIC``,
+    ``KOLO_SPARK_MIN_NP`` and ``KOLO_SPARK_ATTEMPT``."""
+    if spec.store is None:
+        return {}
+    host, port = spec.store
+    return {"KOLO_STORE": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+            "KOLO_JOB_ID": rank_job_id(spec),
+            elastic_mod.ELASTIC_VAR: "1" if spec.elastic else "0",
+            elastic_mod.MIN_NP_VAR: str(spec.min_np if spec.elastic else 0),
+            elastic_mod.ATTEMPT_VAR: str(spec.attempt)}
 
 
 def reserve_port(bind_host: str = "0.0.0.0") -> socket.socket:
@@ -282,6 +309,15 @@ class TaskSpec:
     stream_logs: bool = True
     log_lines_per_second: float = 100.0
     log_line_bytes: int = 2048
+    # An elastic or retried run (kolo_spark.elastic): the store the driver hosts for this
+    # attempt (the ranks' KOLO_STORE, with KOLO_JOB_ID job_id), the attempt's number, and
+    # whether a rank's failure is a loss the others survive (elastic) while min_np remain.
+    store: Optional[Tuple[str, int]] = None
+    job_id: str = ""
+    attempt: int = 0
+    stage_attempt: int = 0  # set in each task: Spark's attempt of the barrier stage
+    elastic: bool = False
+    min_np: int = 0
 
 
 def _host_key_of(spec: TaskSpec, ctx, rank: int) -> str:
@@ -423,6 +459,7 @@ class RankLaunch:
         self.trace_path = os.path.join(workdir, "fn-timeline.json")
         if spec.timeline:
             self.env["KOLO_TIMELINE"] = self.engine_file
+        self.env.update(store_env(spec))
         self.argv = [(sys.executable or "python3") if a == PYTHON and i == 0 else a
                      for i, a in enumerate(spec.argv)]
         self.what = spec.argv[0]
@@ -511,6 +548,11 @@ class RankLaunch:
             raise RankFailedError(self.rank, proc.returncode, proc.output_tail(), self.me.host,
                                   detail=detail, failed_at=proc.exited_at)
         value = None
+        if self.spec.fn_payload is not None and not os.path.exists(self.result_path):
+            raise RankFailedError(self.rank, proc.returncode, proc.output_tail(), self.me.host,
+                                  detail="before its function returned (nothing was returned: "
+                                  "did the function call os._exit(0)?)",
+                                  failed_at=proc.exited_at)
         if self.spec.fn_payload is not None:  # fnrank enforced the limit; the file must agree
             value = read_bounded(self.result_path, self.spec.max_result_bytes or (1 << 62),
                                  "result (max_result_bytes)")
@@ -541,6 +583,25 @@ def run_rank(spec: TaskSpec, topology: List[RankTopology], rank: int, listener: 
     return launch.outcome(proc)
 
 
+def lost_run(spec: TaskSpec, me: RankTopology, data: Optional[Mapping[str, str]],
+             error: RankFailedError) -> RankRun:
+    """In an elastic run, the outcome of a rank whose process failed: recorded lost in the
+    driver's store (the survivors read it through kolo_spark.elastic.lost_ranks), and returned
+    as a result with ``lost`` set instead of failing the stage. Raises ``error`` itself when the
+    store cannot be reached (the run cannot go on without it)."""
+    payload = failure_payload(error)
+    payload["attempt"] = spec.attempt
+    try:
+        elastic_mod.record_lost(spec.store, spec.secret, rank_job_id(spec), spec.attempt,
+                                me.rank, payload)
+    except Exception:  # noqa: B902 (the driver's store is gone: fail as without elastic)
+        raise error from None
+    code = error.exit_code if error.exit_code is not None else -1
+    result = result_of(spec, me, code, error.output_tail, data)
+    result["lost"] = payload
+    return RankRun(result)
+
+
 def result_of(spec: TaskSpec, me: RankTopology, exit_code: int, tail: str,
               data: Optional[Mapping[str, str]], leftovers: Sequence[dict] = ()) -> dict:
     keep = spec.collect_output == "all" or me.rank == 0
@@ -558,6 +619,10 @@ def barrier_partition(spec: TaskSpec, iterator):
 
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()
+    try:
+        spec.stage_attempt = int(ctx.stageAttemptNumber())
+    except Exception:  # noqa: B902 (an older PySpark)
+        spec.stage_attempt = 0
     task_start = tl.now_us()
     events: List[dict] = []
     me = PreparedRank(rank)
@@ -586,8 +651,13 @@ def barrier_partition(spec: TaskSpec, iterator):
                                    lines_per_second=spec.log_lines_per_second,
                                    line_bytes=spec.log_line_bytes)
             try:
-                run = run_rank(spec, topology, rank, me.listener, me.data, me.workdir, hub=hub,
-                               events=events)
+                try:
+                    run = run_rank(spec, topology, rank, me.listener, me.data, me.workdir,
+                                   hub=hub, events=events)
+                except RankFailedError as e:
+                    if not spec.elastic or e.reason == "timeout":
+                        raise
+                    run = lost_run(spec, topology[rank], me.data, e)
             finally:
                 me.listener = None  # closed by run_rank
                 if hub is not None and spec.timeline:

@@ -127,11 +127,39 @@ inline constexpr Var spark_launched{"KOLO_SPARK_LAUNCHED",
                                     "-",
                                     "when the task launched the rank (for the timeline)"};
 
+// ---- Elastic and retried runs (exported by kolo_spark.run(..., elastic=True or
+// max_attempts > 1) beside KOLO_STORE and KOLO_JOB_ID; read by kolo_spark.elastic) ----
+inline constexpr Var spark_elastic{"KOLO_SPARK_ELASTIC",
+                                   Kind::integer,
+                                   Section::spark,
+                                   Reader::none,
+                                   0,
+                                   1,
+                                   "0",
+                                   "`1`: a lost rank does not end the run (`elastic=True`)"};
+inline constexpr Var spark_min_np{"KOLO_SPARK_MIN_NP",
+                                  Kind::integer,
+                                  Section::spark,
+                                  Reader::none,
+                                  0,
+                                  1ll << 31,
+                                  "0",
+                                  "the run's `min_np`: with fewer ranks left the driver ends it"};
+inline constexpr Var spark_attempt{"KOLO_SPARK_ATTEMPT",
+                                   Kind::integer,
+                                   Section::spark,
+                                   Reader::none,
+                                   0,
+                                   1ll << 31,
+                                   "0",
+                                   "this attempt's number: 0, then 1 for the first retry, ..."};
+
 }  // namespace vars
 
 // The Spark backend's variables: the data shard's, then the internal ones.
 inline constexpr const Var* kSparkDataVars[] = {
-    &vars::data_file, &vars::data_format, &vars::data_rows, &vars::data_columns, &vars::data_types};
+    &vars::data_file,  &vars::data_format,   &vars::data_rows,    &vars::data_columns,
+    &vars::data_types, &vars::spark_elastic, &vars::spark_min_np, &vars::spark_attempt};
 inline constexpr const Var* kSparkInternalVars[] = {&vars::spark_fn,         &vars::spark_result,
                                                     &vars::spark_max_result, &vars::spark_pickler,
                                                     &vars::spark_trace,      &vars::spark_launched};
