@@ -268,6 +268,37 @@ def test_resume_after_a_failing_callback_ends_with_the_same_weights(spark, fitte
     assert torch.equal(again.getModel().weight, model.getModel().weight)
 
 
+class DieOnce(Callback):
+    """Rank 1's process dies after epoch ``epoch`` (0-based) of the first attempt."""
+
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs):
+        import os
+
+        from kolo_spark import elastic
+        if epoch == self.epoch and elastic.attempt() == 0 and os.environ["KOLO_RANK"] == "1":
+            os._exit(9)
+
+
+def test_max_attempts_retries_a_lost_rank_from_the_epoch_checkpoint(spark, fitted,
+                                                                      regression_df, stores):
+    _, reference, _ = fitted("regression", 2)  # uninterrupted: 6 epochs
+    store = LocalStore(str(stores / "retried"))
+    est = regression_estimator(2, store, "retried", callbacks=[DieOnce(2)],
+                               run_options={"env": {"KOLO_TIMEOUT_SECONDS": "120"},
+                                            "max_attempts": 2})
+    model = est.fit(regression_df)
+    # attempt 0 lost rank 1 after epoch 3's checkpoint; attempt 1 trained epochs 4..6 from it
+    assert est.last_run["attempts"] == [(0, "RankFailedError"), (1, None)]
+    assert est.last_run["resumed_from"] == 3
+    assert model.history["epoch"] == [1, 2, 3, 4, 5, 6]
+    for got, want in zip(model.getModel().state_dict().values(),
+                         reference.getModel().state_dict().values()):
+        assert torch.equal(got, want), (got, want)
+
+
 def test_fit_on_parquet_reuses_the_prepared_data(spark, fitted):
     _, model, store = fitted("regression", 1)
     files = store.list_files(store.get_train_data_path(), ".parquet") + \

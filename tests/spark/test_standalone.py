@@ -291,3 +291,81 @@ def test_ctrl_c_cancels_a_cluster_job_and_every_rank(spark, tmp_path):
     while sc.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert sc.statusTracker().getActiveJobsIds() == []
+
+
+def _count_and_commit(directory):
+    import os
+    import time
+
+    from kolo_spark import elastic
+
+    rank = int(os.environ["KOLO_RANK"])
+    state = elastic.restore({"step": 0})
+    stage_attempt = os.environ["KOLO_JOB_ID"].rsplit("-s", 1)[1]
+    with open(os.path.join(directory, f"pid.{elastic.attempt()}.{stage_attempt}.{rank}"),
+              "w") as f:
+        f.write(str(os.getpid()))
+    for step in range(state["step"], 12):
+        if rank == 0:
+            elastic.commit({"step": step + 1})
+            with open(os.path.join(directory, "committed.tmp"), "w") as f:
+                f.write(str(step + 1))
+            os.replace(os.path.join(directory, "committed.tmp"),
+                       os.path.join(directory, "committed"))
+        time.sleep(0.25)
+    return state["step"]
+
+
+def _executor_pids(app_id):
+    out = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd and \
+                app_id.encode() in cmd:
+            out.append(int(pid))
+    return out
+
+
+def test_a_lost_executor_retries_and_resumes_from_the_last_commit(spark, tmp_path):
+    # Last in the module: it kills one of the application's two executors (the worker starts
+    # another) and waits for all 4 slots to be back before it ends.
+    sc = spark.sparkContext
+    killed = []
+
+    def kill_an_executor():
+        deadline = time.monotonic() + 120
+        path = tmp_path / "committed"
+        while time.monotonic() < deadline:
+            if path.exists() and int(path.read_text() or 0) >= 4:
+                pids = _executor_pids(sc.applicationId)
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=kill_an_executor, daemon=True)
+    t.start()
+    result = kolo_spark.run(spark, 4, _count_and_commit, args=(str(tmp_path),),
+                            host_key="executor", max_attempts=3, stream_logs=False, timeout=300)
+    t.join(5)
+    assert killed, "the executor was never killed"
+    # the attempt that finished resumed where rank 0's last commit before the loss left off
+    resumed = result[0]
+    assert resumed >= 4 and list(result) == [resumed] * 4, list(result)
+    assert result.committed[1] == {"step": 12}
+    # a second run of the ranks: kolo's retry (an attempt) or Spark's (a stage attempt)
+    runs = {p.name.rsplit(".", 1)[0] for p in tmp_path.glob("pid.*")}
+    assert len(runs) >= 2, runs
+    print(f"lost executor: runs (attempt.stage_attempt) {sorted(runs)}, resumed from step "
+          f"{resumed}, attempts {[(a.number, a.error_type) for a in result.attempts]}")
+    assert len(result.attempts) >= 1 and result.attempts[-1].error is None
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid.*")]
+    assert wait_gone(pids, 30) == []
+    deadline = time.monotonic() + 120
+    while kolo_spark.task_slots(sc) < 4 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert kolo_spark.task_slots(sc) >= 4

@@ -226,6 +226,20 @@ def run(spark, num_proc: int, command: Union[str, Sequence[str], Callable], args
     return _attempts(spec, one_attempt, max_attempts, is_fn, started_at, timeline_path)
 
 
+def _summary(e: BaseException) -> str:
+    """One line on why an attempt failed: a kolo_spark error's summary, or for Spark's own
+    failure (a Py4JJavaError whose first line says nothing) the line saying why the job was
+    aborted (a lost executor, a failed stage)."""
+    if hasattr(e, "summary"):
+        return e.summary()
+    lines = str(e).splitlines()
+    for line in lines:
+        if "Job aborted" in line or "ExecutorLostFailure" in line:
+            line = line.split("SparkException: ", 1)[-1].strip()
+            return line[:300] + (" ..." if len(line) > 300 else "")
+    return (lines[0] if lines else type(e).__name__)[:300]
+
+
 # Not retried: the job cannot run as configured, a result too large, or the user's Ctrl-C.
 _NOT_RETRIED = (ConfigurationError, ResultTooLargeError)
 
@@ -245,7 +259,7 @@ def _attempts(spec: TaskSpec, one_attempt, max_attempts: int, is_fn: bool, start
         except _NOT_RETRIED:
             raise
         except Exception as e:
-            summary = e.summary() if hasattr(e, "summary") else str(e).split("\n", 1)[0]
+            summary = _summary(e)
             attempts.append(Attempt(number, time.monotonic() - t0, tuple(sorted(store.last_lost)),
                                     str(e), type(e).__name__))
             if number + 1 >= max_attempts:

@@ -308,7 +308,10 @@ class TorchEstimator(Estimator, _EstimatorParams):
                          "run_seconds": run_seconds, "train_rows": train.rows,
                          "val_rows": val.rows if val is not None else 0,
                          "rows_per_rank": train_rows, "steps_per_epoch": steps,
-                         "resumed_from": results[0]["start_epoch"], "ranks": list(results)}
+                         "resumed_from": results[0]["start_epoch"], "ranks": list(results),
+                         # run_options={"max_attempts": N}: each attempt (a retried one resumes
+                         # from the last epoch's checkpoint)
+                         "attempts": [(a.number, a.error_type) for a in results.attempts]}
         return self._model_from(ckpt, run_id, columns)
 
     def _model_from(self, ckpt: Dict[str, Any], run_id: str, columns) -> "TorchModel":
