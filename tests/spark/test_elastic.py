@@ -277,3 +277,59 @@ def test_a_torch_function_shrinks_the_group_and_trains_on(spark, tmp_path):
     pids = [int(p.read_text()) for p in tmp_path.glob("pid.*")]
     assert len(pids) == 4 and wait_gone(pids) == []
     assert _shm() - before == set()
+
+
+def test_the_drivers_store_refuses_strangers_and_keeps_namespaces_apart():
+    import socket
+    import time
+
+    from kolo_spark.kvstore import KvStoreClient, KvStoreServer, StoreError
+
+    secret = "s" * 64
+    with KvStoreServer(secret, "job", namespaces=2, shared_prefixes=("shared/",),
+                       auth_timeout=0.5) as srv:
+        addr = ("127.0.0.1", srv.port)
+        # a wrong secret, and a wrong job id: refused, nothing written
+        for bad_secret, bad_job in (("x" * 64, "job-s0"), (secret, "other-s0")):
+            with pytest.raises(StoreError, match="refused our authentication|failed to prove"):
+                KvStoreClient(addr, bad_secret, bad_job, timeout=2).set("k", b"v")
+        # garbage and a silent stranger: closed (the silent one after auth_timeout)
+        with socket.create_connection(addr) as s:
+            s.recv(40)
+            s.sendall(b"GET / HTTP/1.0\r\n" * 8)
+            s.settimeout(5)
+            try:
+                assert s.recv(100) == b""  # closed, no answer
+            except ConnectionResetError:  # closed with the garbage unread
+                pass
+        silent = socket.create_connection(addr)
+        silent.settimeout(5)
+        silent.recv(40)
+        t0 = time.monotonic()
+        assert silent.recv(100) == b"" and time.monotonic() - t0 < 3
+        silent.close()
+        assert srv.keys() == []
+        # two Spark attempts of a stage: their own keys, the shared ones in common
+        a = KvStoreClient(addr, secret, "job-s0", rank=0, timeout=5)
+        b = KvStoreClient(addr, secret, "job-s1", rank=0, timeout=5)
+        a.set("kolo/0/x", b"first")
+        assert b.try_get("kolo/0/x") is None
+        b.set("kolo/0/x", b"second")
+        assert a.get("kolo/0/x") == b"first" and b.get("kolo/0/x") == b"second"
+        a.set("shared/commit", b"c")
+        assert b.get("shared/commit") == b"c"
+        assert a.add("n", 2) == 2 and a.add("n", 3) == 5 and b.add("n", 1) == 1
+        assert a.compare_set("cas", b"", b"one") == b"one"
+        assert a.compare_set("cas", b"zzz", b"two") == b"one"
+        assert a.compare_set("cas", b"one", b"two") == b"two"
+        with pytest.raises(StoreError, match="not set within"):
+            a.get("never", wait=0.2)
+        # a malformed frame from an authenticated client closes only that connection
+        a._sock.sendall(b"\x00\x00\x00\x00")
+        with pytest.raises(StoreError):
+            a.get("kolo/0/x")
+        assert b.get("kolo/0/x") == b"second"
+        assert srv.highest_namespace == 1
+        assert srv.get_local("s0/kolo/0/x") == b"first" and srv.get_local("shared/commit") == b"c"
+        a.close()
+        b.close()

@@ -302,9 +302,14 @@ def _count_and_commit(directory):
     rank = int(os.environ["KOLO_RANK"])
     state = elastic.restore({"step": 0})
     stage_attempt = os.environ["KOLO_JOB_ID"].rsplit("-s", 1)[1]
-    with open(os.path.join(directory, f"pid.{elastic.attempt()}.{stage_attempt}.{rank}"),
-              "w") as f:
+    tag = f"{elastic.attempt()}.{stage_attempt}"
+    with open(os.path.join(directory, f"pid.{tag}.{rank}"), "w") as f:
         f.write(str(os.getpid()))
+    # every rank has restored before rank 0 commits again (a barrier through the directory)
+    deadline = time.monotonic() + 60
+    while len([f for f in os.listdir(directory) if f.startswith(f"pid.{tag}.")]) < 4 and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)
     for step in range(state["step"], 12):
         if rank == 0:
             elastic.commit({"step": step + 1})
