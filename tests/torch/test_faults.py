@@ -18,6 +18,12 @@ ddp_shrink 3 ranks train a DDP model on their own data; the driver SIGKILLs rank
           shrink_group([2]), rebuild DDP on a new group over the shrunk world (its constructor
           broadcasts the new rank 0's parameters) and train 30 more steps: the loss on a fixed
           batch falls, and both hold the same parameters bit for bit (their all_reduce is 2 x).
+reconfigure 3 ranks run exact all_reduces; the driver SIGKILLs rank 2; each survivor finds it
+          with kolo_torch.lost_ranks(), the two exchange their dist._get_reconfigure_handle()
+          through torch's store, see a list without their own handle and one with a handle twice
+          refused, call dist._reconfigure(uuid=1, handles=[...]) (the backend's rank and size
+          become 0..1 of 2, get_error() SUCCESS), run 20 exact all_reduces, see uuid 1 reused
+          refused, reconfigure again with a set (ranks in sorted handle order) and all_reduce.
 torchrun  `torchrun --nproc-per-node 3 --max-restarts 1 --rdzv-backend c10d`
           (torchrun_restart_worker.py): rank 2 SIGKILLs itself at step 35 of the first attempt;
           the agent restarts all three, whose kolo group forms again on the agent's store and
@@ -176,6 +182,8 @@ def rank_main(r, n, config):
         os._exit(0)
     if mode == "ddp_shrink":
         ddp_shrink_main(r, n, config)
+    if mode == "reconfigure":
+        reconfigure_main(r, n, config)
     if mode == "mismatch":
         errors = []
         try:
@@ -213,6 +221,77 @@ def rank_main(r, n, config):
         release_main(r, n)
     if mode == "refused":
         refused_main(r, n, config)
+
+
+def reconfigure_main(r, n, config):
+    """Loses a rank, then rebuilds the group in place with torch's reconfigure regime (the
+    reconfigure driver)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    import kolo_torch
+
+    victim = config["victim"]
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    assert dist._supports_reconfigure()
+    assert kolo_torch.lost_ranks() == []
+    step = 0
+    try:
+        while True:  # until the driver kills the victim
+            t = torch.full((4096,), float(r + 1))
+            dist.all_reduce(t)
+            assert torch.all(t == n * (n + 1) / 2), t
+            step += 1
+            if step == 5:
+                print("training", flush=True)
+            time.sleep(0.005)
+    except RuntimeError as e:
+        print(f"rank {r} caught after step {step}: {str(e)[:120]}", flush=True)
+    deadline = time.monotonic() + 10
+    lost = kolo_torch.lost_ranks()
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.01)
+        lost = kolo_torch.lost_ranks()
+    assert lost == [victim], lost
+    # the members exchange their handles out of band (here torch's store; torchft: its lighthouse)
+    me = dist._get_reconfigure_handle()
+    assert me.startswith("kolo:"), me
+    store = c10d._get_default_store()
+    store.set(f"test/handle/{r}", me)
+    members = [x for x in range(n) if x not in lost]
+    handles = [store.get(f"test/handle/{x}").decode() for x in members]
+    for bad, why in (([h for h in handles if h != me], "is not among"),
+                     (handles + [handles[0]], "is given twice")):
+        try:
+            dist._reconfigure(uuid=9, handles=bad)
+            raise AssertionError(f"reconfigure({bad}) was not refused")
+        except RuntimeError as e:
+            assert why in str(e), e
+    dist._reconfigure(uuid=1, handles=handles).wait()
+    m, nr = len(handles), handles.index(me)
+    assert backend.rank() == nr and backend.size() == m, (backend.rank(), backend.size())
+    assert backend.get_error().name == "SUCCESS", backend.get_error()
+    for i in range(20):
+        t = torch.arange(1000, dtype=torch.float64) * (nr + 1) + i
+        dist.all_reduce(t)
+        want = torch.arange(1000, dtype=torch.float64) * (m * (m + 1) / 2) + m * i
+        assert torch.equal(t, want), (i, t[:4], want[:4])
+    try:
+        dist._reconfigure(uuid=1, handles=handles)
+        raise AssertionError("a reused uuid was not refused")
+    except RuntimeError as e:
+        assert "was used before" in str(e), e
+    # a set of handles: the backend numbers the members in the handles' sorted order
+    dist._reconfigure(uuid=2, handles=set(handles)).wait()
+    nr2 = sorted(handles).index(me)
+    assert backend.rank() == nr2, (backend.rank(), nr2)
+    t = torch.full((64,), float(nr2 + 1))
+    dist.all_reduce(t)
+    assert torch.all(t == m * (m + 1) / 2), t
+    print(f"rank {r} reconfigured to rank {nr} of {m}", flush=True)
+    dist.destroy_process_group()
+    os._exit(0)
 
 
 def ddp_shrink_main(r, n, config):
@@ -740,6 +819,28 @@ def drive_ddp_shrink(script):
     return good
 
 
+def drive_reconfigure(script):
+    world, victim = 3, 2
+    config = {"name": "reconfigure", "world": world, "mode": "reconfigure", "victim": victim,
+              "unset": OWN_TIMEOUT, "timeout": KILL_TIMEOUT_S}
+    procs, _ = harness.start_ranks(script, world, config)
+    wait_training(procs[0])
+    os.kill(procs[victim].pid, signal.SIGKILL)
+    outs = harness.finish(procs, 60)
+    good = outs[victim][0] == -signal.SIGKILL
+    for r in range(world - 1):
+        rc, out = outs[r]
+        good = good and rc == 0 and f"rank {r} reconfigured to rank {r} of 2" in out
+    left = alive([p.pid for p in procs])
+    print(f"  result: reconfigure: the survivors found the lost rank with kolo_torch.lost_ranks(), "
+          f"rebuilt the group in place with dist._reconfigure (a list, then a set of handles) "
+          f"and ran exact all_reduces: {good}; processes left: {left}")
+    good = good and not left
+    if not good:
+        harness.report("reconfigure", outs)
+    return good
+
+
 def drive_torchrun(script):
     """torchrun --max-restarts 1: a rank SIGKILLed once; the restarted job resumes and finishes."""
     import tempfile
@@ -889,7 +990,8 @@ if __name__ == "__main__":
     script = os.path.abspath(sys.argv[0])
     passed = failed = 0
     for name, fn in (("kill", drive_kill), ("shrink", drive_shrink),
-                     ("ddp_shrink", drive_ddp_shrink), ("torchrun", drive_torchrun),
+                     ("ddp_shrink", drive_ddp_shrink), ("reconfigure", drive_reconfigure),
+                     ("torchrun", drive_torchrun),
                      ("mismatch", drive_mismatch),
                      ("hang", drive_hang),
                      ("stranger", drive_stranger), ("release", drive_release),

@@ -9,18 +9,24 @@
 
 #include <pybind11/chrono.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <thread>
+#include <unordered_set>
 #include <utility>
+#include <variant>
 
 #include <kolo/core/config.hpp>
 #include <kolo/core/wait.hpp>
+#include <kolo/net/auth.hpp>
 #include <kolo/topology/kv_store.hpp>
 
 #ifdef KOLO_TORCH_CUDA
@@ -329,6 +335,14 @@ at::Tensor gather_flat(const std::vector<at::Tensor>& parts, const at::Tensor& l
 // restarts (--max-restarts) the agent's store outlives a failed attempt, so each attempt
 // (TORCHELASTIC_RESTART_COUNT) keeps its keys apart — else the new ranks would read the dead
 // attempt's job token and addresses.
+// This process's reconfigure handle: unique per backend (host, pid, random bits).
+std::string reconfigure_handle() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "?");
+  return "kolo:" + std::string(host) + ":" + std::to_string(::getpid()) + ":" +
+         kolo::net::generate_secret().substr(0, 16);
+}
+
 std::string store_prefix(const std::string& base) {
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   if (attempt == nullptr || *attempt == '\0' || std::string(attempt) == "0") return base;
@@ -727,8 +741,9 @@ KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     if (const auto t = effective_timeout(timeout); t.count() > 0) {
       topo.timeout_seconds = static_cast<double>(t.count()) / 1000.0;
     }
-    comm_ = std::make_unique<Comm>(std::move(topo), std::make_shared<C10dKvStore>(store),
-                                   store_prefix("kolo/"));
+    kv_ = std::make_shared<C10dKvStore>(store);
+    handle_ = reconfigure_handle();
+    comm_ = std::make_unique<Comm>(std::move(topo), kv_, store_prefix("kolo/"));
   } catch (const std::exception& e) {
     fail(std::string("could not start the process group (rank ") + std::to_string(rank) + " of " +
          std::to_string(size) + "): " + e.what());
@@ -742,9 +757,12 @@ KoloBackend::KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   add_worker_locked();
 }
 
-KoloBackend::KoloBackend(std::unique_ptr<Comm> comm, std::chrono::milliseconds timeout)
+KoloBackend::KoloBackend(std::unique_ptr<Comm> comm, std::chrono::milliseconds timeout,
+                         std::shared_ptr<kolo::KvStore> store)
     : c10d::Backend(comm->rank(), comm->size()),
       comm_(std::move(comm)),
+      kv_(std::move(store)),
+      handle_(reconfigure_handle()),
       timeout_(timeout),
       options_(c10::make_intrusive<Options>("kolo", timeout)),
       sched_(std::make_shared<Sched>()) {
@@ -787,8 +805,100 @@ c10::intrusive_ptr<c10d::Backend> KoloBackend::shrink(const std::vector<int64_t>
          "dist.shrink_group(" +
          text(agreed) + ") (kolo_torch.lost_ranks() is this rank's view)");
   }
-  return c10::make_intrusive<KoloBackend>(std::move(next), timeout);
+  return c10::make_intrusive<KoloBackend>(std::move(next), timeout, kv_);
 }
+
+std::vector<int> KoloBackend::lost_ranks() {
+  std::lock_guard<std::mutex> lock(sched_->mu);
+  if (!comm_) return {};
+  return comm_->lost_ranks();
+}
+
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+c10::intrusive_ptr<c10d::Work> KoloBackend::reconfigure(const c10d::ReconfigureOptions& opts) {
+  std::vector<std::string> handles;
+  if (const auto* v = std::get_if<std::vector<c10d::ReconfigureHandle>>(&opts.handles)) {
+    handles = *v;
+  } else {
+    const auto& set = std::get<std::unordered_set<c10d::ReconfigureHandle>>(opts.handles);
+    handles.assign(set.begin(), set.end());
+    std::sort(handles.begin(), handles.end());
+  }
+  const std::string what = "reconfigure(uuid=" + std::to_string(opts.uuid) + ")";
+  if (handles.empty()) fail(what + ": no handles given");
+  std::vector<std::string> sorted = handles;
+  std::sort(sorted.begin(), sorted.end());
+  if (const auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end()) {
+    fail(what + ": handle " + *d + " is given twice");
+  }
+  const auto mine = std::find(handles.begin(), handles.end(), handle_);
+  if (mine == handles.end()) {
+    fail(what + ": this process's handle " + handle_ + " is not among the " +
+         std::to_string(handles.size()) + " handles given");
+  }
+  if (!kv_) fail(what + ": this process group has no rendezvous store to build through");
+  if (uuids_.count(opts.uuid) != 0) {
+    fail(what + ": this uuid was used before on this process group; pass a fresh one");
+  }
+  uuids_.insert(opts.uuid);
+  const int rank = static_cast<int>(mine - handles.begin());
+  const int size = static_cast<int>(handles.size());
+  const std::chrono::milliseconds timeout =
+      opts.timeout ? std::chrono::duration_cast<std::chrono::milliseconds>(*opts.timeout)
+                   : timeout_;
+  std::unique_ptr<Comm> next;
+  {
+    // The rendezvous waits for the other members: other Python threads run meanwhile.
+    std::optional<pybind11::gil_scoped_release> no_gil;
+    if (PyGILState_Check()) no_gil.emplace();
+    quiesce(true, "the process group is being reconfigured (torch.distributed._reconfigure)");
+    std::vector<std::shared_ptr<Task>> stale;
+    {
+      std::lock_guard<std::mutex> lock(sched_->mu);
+      stale.swap(sched_->posted);
+      sched_->n_posted.store(0);
+      for (auto& [task, err] : sched_->completions) stale.push_back(task);
+      sched_->completions.clear();
+    }
+    const auto err = std::make_exception_ptr(
+        std::runtime_error("kolo: the process group was reconfigured before this completed"));
+    for (auto& t : stale) t->work->complete(err);
+    try {
+      kolo::Topology topo = kolo::Topology::for_rank(rank, size);
+      if (const auto t = effective_timeout(timeout); t.count() > 0) {
+        topo.timeout_seconds = static_cast<double>(t.count()) / 1000.0;
+      }
+      next = std::make_unique<Comm>(std::move(topo), kv_,
+                                    store_prefix("kolo/reconf/" + std::to_string(opts.uuid) + "/"));
+    } catch (const std::exception& e) {
+      fail(what + " (rank " + std::to_string(rank) + " of " + std::to_string(size) +
+           "): " + e.what());
+    }
+  }
+  comm_ = std::move(next);
+#ifdef KOLO_TORCH_CUDA
+  cuda_.reset();  // CUDA tensors are staged through host memory after a reconfigure
+#endif
+  rank_ = rank;
+  size_ = size;
+  error_type_.store(0);
+  {
+    std::lock_guard<std::mutex> lock(hooks_mu_);
+    hooks_ran_ = false;
+  }
+  auto work = c10::make_intrusive<KoloWork>(rank_, c10d::OpType::UNKNOWN, "kolo:reconfigure",
+                                            std::vector<at::Tensor>{}, sched_);
+  {
+    std::lock_guard<std::mutex> lock(sched_->mu);
+    sched_->stopping = false;
+    sched_->aborting = false;
+    sched_->stop_reason.clear();
+    add_worker_locked();
+  }
+  work->complete(nullptr);
+  return work;
+}
+#endif
 
 KoloBackend::~KoloBackend() {
   stop(false, "the process group was destroyed");
@@ -1794,4 +1904,12 @@ PYBIND11_MODULE(_C, m) {
         kb->communicator().allreduce(kolo_torch::view_of(t, "allreduce"), kolo::ReduceOp::sum);
       },
       "Benchmark helper: a sum allreduce straight on the kolo communicator.");
+  m.def(
+      "lost_ranks",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        auto* kb = dynamic_cast<kolo_torch::KoloBackend*>(backend.get());
+        if (kb == nullptr) throw std::runtime_error("kolo: not a kolo backend");
+        return kb->lost_ranks();
+      },
+      "The ranks of the backend's group its failure detector holds for gone.");
 }

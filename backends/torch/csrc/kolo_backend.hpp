@@ -47,6 +47,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -128,8 +129,10 @@ class KoloBackend : public c10d::Backend {
   // KOLO_TIMEOUT_SECONDS is set.
   KoloBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
               std::chrono::milliseconds timeout);
-  // Over a communicator built already (shrink's result): its rank and size.
-  KoloBackend(std::unique_ptr<Comm> comm, std::chrono::milliseconds timeout);
+  // Over a communicator built already (shrink's result): its rank and size; `store` is the
+  // rendezvous store a later reconfigure() builds through (the parent's).
+  KoloBackend(std::unique_ptr<Comm> comm, std::chrono::milliseconds timeout,
+              std::shared_ptr<kolo::KvStore> store = nullptr);
   ~KoloBackend() override;
 
   // torch.distributed.Backend.register_backend's creator: (store, rank, size, timeout).
@@ -222,6 +225,31 @@ class KoloBackend : public c10d::Backend {
       const std::vector<int64_t>& ranks_to_exclude, int shrink_flags = 0,
       const c10::intrusive_ptr<Options>& opts_override = nullptr) KOLO_TORCH_SHRINK_OVERRIDE;
 
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+  // torch's reconfigure regime (dist._supports_reconfigure, _get_reconfigure_handle,
+  // _reconfigure: in-process fault tolerance with a new membership, torch >= 2.15). The handle
+  // names this process's backend ("kolo:<host>:<pid>:<random>"); reconfigure(opts) fails what
+  // is queued, interrupts what runs, and builds a new communicator over the members whose
+  // handles opts lists (a vector: ranks by position; a set: ranks in the handles' sorted order),
+  // through the group's store under a prefix of opts.uuid's. Every member calls it with the
+  // same uuid and handles; a uuid used before on this group, a list without this process's
+  // handle or with one twice are refused before anything changes. The backend's rank and size
+  // become the new ones (torch's ProcessGroup keeps the numbers it was built with). The group
+  // is usable again afterwards, getError() is SUCCESS and the abort hooks armed again. kolo's
+  // group forms at init_process_group whatever enable_reconfigure says.
+  bool supportsReconfigure() const override {
+    return true;
+  }
+  c10d::ReconfigureHandle get_reconfigure_handle() const override {
+    return handle_;
+  }
+  c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
+#endif
+  // The ranks of this group this rank's failure detector holds for gone now (kolo_torch's
+  // lost_ranks(group), what to pass to dist.shrink_group); empty while none is. Safe after a
+  // failure; while operations run, a view of that moment.
+  std::vector<int> lost_ranks();
+
   // Fails every queued operation at once, interrupts the running one (it fails on this rank
   // and, through kolo's abort, on its peers), joins the worker and releases the connections;
   // later calls raise.
@@ -236,12 +264,16 @@ class KoloBackend : public c10d::Backend {
   c10d::ErrorType getError() KOLO_TORCH_ERROR_OVERRIDE;
   // Abort hooks run once, before the backend aborts: on abort(), or at the first failure of a
   // collective (kolo then aborts the communicator on every rank), on the thread that saw it.
-  bool supportsAbortHooks() const KOLO_TORCH_ERROR_OVERRIDE { return true; }
+  bool supportsAbortHooks() const KOLO_TORCH_ERROR_OVERRIDE {
+    return true;
+  }
   void registerAbortHook(int64_t hook_id, std::function<void()> hook) KOLO_TORCH_ERROR_OVERRIDE;
   void unregisterAbortHook(int64_t hook_id) KOLO_TORCH_ERROR_OVERRIDE;
 
   // For tests and benchmarks: the kolo communicator under this backend.
-  Comm& communicator() { return *comm_; }
+  Comm& communicator() {
+    return *comm_;
+  }
   // True when this extension was built with CUDA (the NCCL path for CUDA tensors).
   static bool built_with_cuda();
 
@@ -279,7 +311,10 @@ class KoloBackend : public c10d::Backend {
   void refuse_now(const std::string& why);
 
   std::unique_ptr<Comm> comm_;
-  std::unique_ptr<CudaPath> cuda_;  // nullptr in a CPU build
+  std::shared_ptr<kolo::KvStore> kv_;  // the group's rendezvous store (torch's, adapted)
+  std::string handle_;                 // get_reconfigure_handle()
+  std::set<int64_t> uuids_;            // the uuids reconfigure() was called with
+  std::unique_ptr<CudaPath> cuda_;     // nullptr in a CPU build
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<Options> options_;
 

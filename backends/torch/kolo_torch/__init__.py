@@ -15,7 +15,7 @@ import torch.distributed as dist
 from . import _C
 from ._secret import load_secret, warn_if_published
 
-__all__ = ["register", "BACKEND_NAME", "create_backend", "load_secret"]
+__all__ = ["register", "BACKEND_NAME", "create_backend", "load_secret", "lost_ranks"]
 
 BACKEND_NAME = "kolo"
 
@@ -26,6 +26,17 @@ def create_backend(store, rank, size, timeout):
     TCPStore on a non-loopback address (kolo_torch._secret)."""
     warn_if_published(store, rank)
     return _C.create_backend(store, rank, size, timeout)
+
+
+def lost_ranks(group=None):
+    """The ranks of ``group`` (default: the default group) that this rank's kolo failure
+    detector holds for gone now: their process exited or their connection closed. After a
+    collective failed with a lost peer, it is what to pass to ``dist.shrink_group`` (the
+    survivors agree on the same set when none of them missed a death; shrink_group says so
+    when they do not). Empty while no peer is lost."""
+    import torch as _torch
+    pg = group if group is not None else dist.group.WORLD
+    return list(_C.lost_ranks(pg._get_backend(_torch.device("cpu"))))
 
 
 def register():
