@@ -269,7 +269,7 @@ def _attempts(spec: TaskSpec, one_attempt, max_attempts: int, is_fn: bool, start
             print(f"kolo_spark: attempt {number + 1} of {max_attempts} failed ({summary}); "
                   f"running attempt {number + 2}"
                   + (f", which resumes from commit {done[0]}" if done else
-                     " (nothing committed: it starts over)"), file=sys.stderr)
+                     " (no kolo_spark.elastic commit to resume from)"), file=sys.stderr)
             continue
         attempts.append(Attempt(number, time.monotonic() - t0, tuple(result.lost)))
         result.attempts = attempts
