@@ -7,7 +7,10 @@
 // kolo-run's status 0; nothing left behind (no process of the job, no new /dev/shm/kolo-* name).
 // Also: a joiner SIGKILLed after the grow is shrunk away by the rest, who go on exactly; a grow
 // nobody joins is a TimeoutError on every member, whose old communicator still works; and a
-// process beyond the offered places is refused.
+// process beyond the offered places is refused; and the argument checks of grow and join (an
+// empty token, one with a "/" or a control character, a count below 1, no store).
+#include <kolo/kolo.hpp>
+
 #include <set>
 #include <sstream>
 
@@ -189,4 +192,35 @@ TEST_CASE("a grow nobody joins times out on every member and the old communicato
 
 TEST_CASE("a process beyond the offered places is refused and the grow goes on") {
   check({spec(2, 1, "shm", "extra"), spec(2, 1, "tcp", "extra")}, "one too many");
+}
+
+TEST_CASE("grow and join refuse a bad token or count before anything is sent") {
+  using Comm = kolo::Communicator<>;
+  Comm one(kolo::Topology::for_rank(0, 1));  // no store: the argument checks come first
+  const auto message = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const kolo::ConfigError& e) {
+      return e.what();
+    }
+    return "(no ConfigError)";
+  };
+  CHECK(message([&] { (void)one.grow(1, {}); }).find("grow: the join token is empty") == 0);
+  CHECK(message([&] { (void)one.grow(1, {"a/b"}); }).find("has a '/' or a control character") !=
+        std::string::npos);
+  CHECK(message([&] { (void)one.grow(1, {"a\nb"}); }).find("has a '/' or a control character") !=
+        std::string::npos);
+  for (int count : {0, -1}) {
+    CHECK(message([&] { (void)one.grow(count, {"t"}); }) ==
+          "grow: count must be at least 1 (got " + std::to_string(count) + ")");
+  }
+  CHECK(message([&] { (void)one.grow(1, {"t"}); })
+            .find("grow: this communicator has no "
+                  "rendezvous store") == 0);
+  CHECK(message([] { (void)Comm::join(nullptr, "", {}); }).find("join: the join token is empty") ==
+        0);
+  CHECK(message([] { (void)Comm::join(nullptr, "x/y", {}); }).find("has a '/'") !=
+        std::string::npos);
+  CHECK(message([] { (void)Comm::join(nullptr, "ok", {}); }) ==
+        "join: no store (the members' rendezvous store is needed)");
 }
