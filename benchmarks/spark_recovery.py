@@ -45,6 +45,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "spark"))
 import kolo_spark  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recovery_train import trained  # noqa: E402  (every rank's KOLO_TRAINED, none wrong)
+
 
 class Lines:
     """A stream_logs sink that keeps every line and SIGKILLs a random rank once rank 0 reports
@@ -70,13 +73,6 @@ class Lines:
                     int(m.group(1)) >= self.kill_at and len(self.pids) == self.n:
                 self.before = int(m.group(1))
                 os.kill(self.pids[self.rng.randrange(self.n)], signal.SIGKILL)
-
-
-def trained(lines, n):
-    got = [ln for ln in lines if "KOLO_TRAINED rank=" in ln]
-    if len(got) != n or any("KOLO_WRONG rank=" in ln or "KOLO_FAULT rank=" in ln for ln in lines):
-        raise RuntimeError("%d of %d ranks trained correctly:\n%s" % (len(got), n,
-                                                                      "\n".join(lines[-50:])))
 
 
 def one(spark, args, env, kill_at, rng, **run_kw):

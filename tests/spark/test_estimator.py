@@ -268,35 +268,46 @@ def test_resume_after_a_failing_callback_ends_with_the_same_weights(spark, fitte
     assert torch.equal(again.getModel().weight, model.getModel().weight)
 
 
-class DieOnce(Callback):
-    """Rank 1's process dies after epoch ``epoch`` (0-based) of the first attempt."""
+class DyingLoss(torch.nn.MSELoss):
+    """MSE; rank 1's process dies in its ``calls``-th training forward of the first attempt."""
 
-    def __init__(self, epoch):
-        self.epoch = epoch
+    def __init__(self, calls):
+        super().__init__()
+        self.calls, self.seen = calls, 0
 
-    def on_epoch_end(self, epoch, logs):
+    def forward(self, out, y):
         import os
 
         from kolo_spark import elastic
-        if epoch == self.epoch and elastic.attempt() == 0 and os.environ["KOLO_RANK"] == "1":
-            os._exit(9)
+        if torch.is_grad_enabled():
+            self.seen += 1
+            if self.seen == self.calls and elastic.attempt() == 0 and \
+                    os.environ["KOLO_RANK"] == "1":
+                os._exit(9)
+        return super().forward(out, y)
 
 
-def test_max_attempts_retries_a_lost_rank_from_the_epoch_checkpoint(spark, fitted,
-                                                                      regression_df, stores):
-    _, reference, _ = fitted("regression", 2)  # uninterrupted: 6 epochs
+def test_max_attempts_resumes_a_lost_rank_from_the_step_checkpoint(spark, fitted,
+                                                                     regression_df, stores):
+    _, reference, _ = fitted("regression", 2)  # uninterrupted: 6 epochs of 25 steps
     store = LocalStore(str(stores / "retried"))
-    est = regression_estimator(2, store, "retried", callbacks=[DieOnce(2)],
+    # rank 1 dies in batch 7 of epoch 3; a checkpoint every 4 steps has batches 1-4 of it
+    est = regression_estimator(2, store, "retried", loss=DyingLoss(2 * 25 + 7),
+                               checkpoint_every_steps=4,
                                run_options={"env": {"KOLO_TIMEOUT_SECONDS": "120"},
                                             "max_attempts": 2})
     model = est.fit(regression_df)
-    # attempt 0 lost rank 1 after epoch 3's checkpoint; attempt 1 trained epochs 4..6 from it
+    assert est.last_run["steps_per_epoch"] == 25
     assert est.last_run["attempts"] == [(0, "RankFailedError"), (1, None)]
-    assert est.last_run["resumed_from"] == 3
+    assert est.last_run["resumed_from"] == 2 and est.last_run["resumed_from_batch"] == 4
     assert model.history["epoch"] == [1, 2, 3, 4, 5, 6]
+    # the same run as an uninterrupted fit, bit for bit: weights, and every epoch's metrics
+    # (the resumed epoch's training loss includes the batches before the loss)
     for got, want in zip(model.getModel().state_dict().values(),
                          reference.getModel().state_dict().values()):
         assert torch.equal(got, want), (got, want)
+    for key in ("loss", "mae", "val_loss", "val_mae"):
+        assert model.history[key] == reference.history[key], key
 
 
 def test_fit_on_parquet_reuses_the_prepared_data(spark, fitted):

@@ -145,18 +145,7 @@ def rank_main(r, n, config):
         fired = []
         pg.register_abort_hook(7, lambda: fired.append(time.monotonic()))
         assert backend.get_error() == ErrorType.SUCCESS, backend.get_error()
-        step = 0
-        try:
-            while True:  # until the driver kills the victim
-                t = torch.full((4096,), float(r + 1))
-                dist.all_reduce(t)
-                assert torch.all(t == n * (n + 1) / 2), t
-                step += 1
-                if step == 5:
-                    print("training", flush=True)
-                time.sleep(0.005)
-        except RuntimeError as e:
-            print(f"rank {r} caught after step {step}: {str(e)[:120]}", flush=True)
+        all_reduce_until_a_peer_is_lost(r, n)
         # the loss as torch's fault-tolerance code asks for it: an error of the communication
         # (this rank's detector, or a peer's report), not a timeout; the abort hook ran once
         err = backend.get_error()
@@ -172,11 +161,7 @@ def rank_main(r, n, config):
         assert dist.get_world_size() == m and g.size() == m, (dist.get_world_size(), g.size())
         assert nr == (r if r < victim else r - 1), (r, nr)
         assert torch.all(t == m * (m + 1) / 2), t
-        for i in range(20):
-            t = torch.arange(1000, dtype=torch.float64) * (nr + 1) + i
-            dist.all_reduce(t)
-            want = torch.arange(1000, dtype=torch.float64) * (m * (m + 1) / 2) + m * i
-            assert torch.equal(t, want), (i, t[:4], want[:4])
+        exact_all_reduces(nr, m, 20)
         print(f"rank {r} shrank to rank {nr} of {m} at {at:.6f}", flush=True)
         dist.destroy_process_group()
         os._exit(0)
@@ -223,6 +208,38 @@ def rank_main(r, n, config):
         refused_main(r, n, config)
 
 
+def all_reduce_until_a_peer_is_lost(r, n):
+    """Exact all_reduces on the default group until one raises (the driver kills a rank; rank 0
+    prints "training" at step 5, which the driver waits for)."""
+    import torch
+    import torch.distributed as dist
+
+    step = 0
+    try:
+        while True:
+            t = torch.full((4096,), float(r + 1))
+            dist.all_reduce(t)
+            assert torch.all(t == n * (n + 1) / 2), t
+            step += 1
+            if step == 5:
+                print("training", flush=True)
+            time.sleep(0.005)
+    except RuntimeError as e:
+        print(f"rank {r} caught after step {step}: {str(e)[:120]}", flush=True)
+
+
+def exact_all_reduces(rank, size, count):
+    """``count`` all_reduces on the default group, rank ``rank`` of ``size``, each checked."""
+    import torch
+    import torch.distributed as dist
+
+    for i in range(count):
+        t = torch.arange(1000, dtype=torch.float64) * (rank + 1) + i
+        dist.all_reduce(t)
+        want = torch.arange(1000, dtype=torch.float64) * (size * (size + 1) / 2) + size * i
+        assert torch.equal(t, want), (i, t[:4], want[:4])
+
+
 def reconfigure_main(r, n, config):
     """Loses a rank, then rebuilds the group in place with torch's reconfigure regime (the
     reconfigure driver)."""
@@ -236,18 +253,7 @@ def reconfigure_main(r, n, config):
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     assert dist._supports_reconfigure()
     assert kolo_torch.lost_ranks() == []
-    step = 0
-    try:
-        while True:  # until the driver kills the victim
-            t = torch.full((4096,), float(r + 1))
-            dist.all_reduce(t)
-            assert torch.all(t == n * (n + 1) / 2), t
-            step += 1
-            if step == 5:
-                print("training", flush=True)
-            time.sleep(0.005)
-    except RuntimeError as e:
-        print(f"rank {r} caught after step {step}: {str(e)[:120]}", flush=True)
+    all_reduce_until_a_peer_is_lost(r, n)
     deadline = time.monotonic() + 10
     lost = kolo_torch.lost_ranks()
     while not lost and time.monotonic() < deadline:
@@ -272,11 +278,7 @@ def reconfigure_main(r, n, config):
     m, nr = len(handles), handles.index(me)
     assert backend.rank() == nr and backend.size() == m, (backend.rank(), backend.size())
     assert backend.get_error().name == "SUCCESS", backend.get_error()
-    for i in range(20):
-        t = torch.arange(1000, dtype=torch.float64) * (nr + 1) + i
-        dist.all_reduce(t)
-        want = torch.arange(1000, dtype=torch.float64) * (m * (m + 1) / 2) + m * i
-        assert torch.equal(t, want), (i, t[:4], want[:4])
+    exact_all_reduces(nr, m, 20)
     try:
         dist._reconfigure(uuid=1, handles=handles)
         raise AssertionError("a reused uuid was not refused")

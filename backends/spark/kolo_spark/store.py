@@ -6,6 +6,7 @@ reach. Its layout::
     <prefix>/intermediate_train_data[.<idx>]/part-00000.parquet ...   training rows
     <prefix>/intermediate_val_data[.<idx>]/part-00000.parquet ...     validation rows
     <prefix>/runs/<run_id>/checkpoint/checkpoint.pt                    the last epoch's state
+    <prefix>/runs/<run_id>/checkpoint/checkpoint-step.pt               inside an epoch (optional)
     <prefix>/runs/<run_id>/logs/history.json                           per-epoch metrics
 
     store = LocalStore("/shared/kolo")                     # a path every executor sees (NFS, ...)
@@ -27,6 +28,7 @@ TRAIN_DATA = "intermediate_train_data"
 VAL_DATA = "intermediate_val_data"
 RUNS = "runs"
 CHECKPOINT_FILE = "checkpoint.pt"
+STEP_CHECKPOINT_FILE = "checkpoint-step.pt"  # inside an epoch (checkpoint_every_steps)
 HISTORY_FILE = "history.json"
 
 # Schemes whose first URL component is a bucket that pyarrow keeps in the path ("bucket/key").
@@ -83,6 +85,10 @@ class Store:
 
     def get_checkpoint_file(self, run_id: str) -> str:
         return posixpath.join(self.get_checkpoint_path(run_id), CHECKPOINT_FILE)
+
+    def get_step_checkpoint_file(self, run_id: str) -> str:
+        """The checkpoint written inside an epoch (``checkpoint_every_steps``)."""
+        return posixpath.join(self.get_checkpoint_path(run_id), STEP_CHECKPOINT_FILE)
 
     def get_logs_path(self, run_id: str) -> str:
         """The run's log directory (``runs/<run_id>/logs``)."""

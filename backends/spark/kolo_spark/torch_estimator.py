@@ -59,7 +59,7 @@ class TorchEstimator(Estimator, _EstimatorParams):
                  epochs=None, validation=None, shuffle=None, store=None, run_id=None,
                  backward_passes_per_step=None, compression=None, use_gpu=None, verbose=None,
                  random_seed=None, backend=None, collective_timeout=None, output_cols=None,
-                 num_threads=None, run_options=None):
+                 num_threads=None, run_options=None, checkpoint_every_steps=None):
         super().__init__()
         kwargs = {k: v for k, v in dict(
             num_proc=num_proc, model=model, optimizer=optimizer, loss=loss, metrics=metrics,
@@ -68,7 +68,8 @@ class TorchEstimator(Estimator, _EstimatorParams):
             store=store, run_id=run_id, backward_passes_per_step=backward_passes_per_step,
             compression=compression, use_gpu=use_gpu, verbose=verbose, random_seed=random_seed,
             backend=backend, collective_timeout=collective_timeout, output_cols=output_cols,
-            num_threads=num_threads, run_options=run_options).items() if v is not None}
+            num_threads=num_threads, run_options=run_options,
+            checkpoint_every_steps=checkpoint_every_steps).items() if v is not None}
         self._set(**kwargs)
         self.last_run: Dict[str, Any] = {}
 
@@ -292,6 +293,7 @@ class TorchEstimator(Estimator, _EstimatorParams):
             "backend": self.getOrDefault(self.backend),
             "collective_timeout": self.getOrDefault(self.collective_timeout),
             "threads": self.getOrDefault(self.num_threads) or _task_cpus(spark),
+            "checkpoint_every_steps": int(self.getOrDefault(self.checkpoint_every_steps) or 0),
         }
         options = dict(self.getOrDefault(self.run_options) or {})
         options.setdefault("stream_logs", verbose > 0)
@@ -308,7 +310,9 @@ class TorchEstimator(Estimator, _EstimatorParams):
                          "run_seconds": run_seconds, "train_rows": train.rows,
                          "val_rows": val.rows if val is not None else 0,
                          "rows_per_rank": train_rows, "steps_per_epoch": steps,
-                         "resumed_from": results[0]["start_epoch"], "ranks": list(results),
+                         "resumed_from": results[0]["start_epoch"],
+                         "resumed_from_batch": results[0].get("start_batch", 0),
+                         "ranks": list(results),
                          # run_options={"max_attempts": N}: each attempt (a retried one resumes
                          # from the last epoch's checkpoint)
                          "attempts": [(a.number, a.error_type) for a in results.attempts]}

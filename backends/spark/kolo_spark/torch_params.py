@@ -78,7 +78,11 @@ class _EstimatorParams(_CommonParams):
     num_threads = _p("num_threads", "torch threads per rank (default: spark.task.cpus, the "
                      "cores Spark gives each task)", TypeConverters.toInt)
     run_options = _p("run_options", "extra keyword arguments of kolo_spark.run (timeout, env, "
-                     "stream_logs, timeline, ...)")
+                     "stream_logs, timeline, max_attempts, ...)")
+    checkpoint_every_steps = _p("checkpoint_every_steps", "also checkpoint every this many "
+                                "optimizer steps inside an epoch, for a retried attempt to "
+                                "resume from (0: at the end of each epoch only)",
+                                TypeConverters.toInt)
 
     def __init__(self):
         super().__init__()
@@ -87,7 +91,8 @@ class _EstimatorParams(_CommonParams):
                          epochs=1, validation=None, shuffle=True, store=None, run_id=None,
                          backward_passes_per_step=1, compression="none", use_gpu=False,
                          verbose=1, random_seed=0, backend="kolo", collective_timeout=600.0,
-                         output_cols=None, num_threads=None, run_options=None)
+                         output_cols=None, num_threads=None, run_options=None,
+                         checkpoint_every_steps=0)
 
 
 def _getter_setter(cls, name):

@@ -218,10 +218,12 @@ def metric_functions(metrics) -> List[Tuple[str, Callable]]:
 
 
 # --- checkpoints ---
-def load_checkpoint(store, run_id: str) -> Optional[Dict[str, Any]]:
+def load_checkpoint(store, run_id: str, step: bool = False) -> Optional[Dict[str, Any]]:
+    """The run's last epoch checkpoint (``step``: the one written inside an epoch by
+    ``checkpoint_every_steps``), or None."""
     import torch
 
-    path = store.get_checkpoint_file(run_id)
+    path = store.get_step_checkpoint_file(run_id) if step else store.get_checkpoint_file(run_id)
     if not store.exists(path):
         return None
     return torch.load(io.BytesIO(store.read_bytes(path)), map_location="cpu", weights_only=True)
@@ -249,6 +251,23 @@ def _label_arg(labels):
 
 def _log(msg: str) -> None:
     print(msg, flush=True)
+
+
+def _step_checkpoint(store, run_id, spec, model, optimizer, history, epoch, batch, sums, rank,
+                     size, torch, dist) -> None:
+    """Every rank: the checkpoint after ``batch`` batches of epoch ``epoch`` (0-based): rank 0
+    writes the model, the optimizer and every rank's RNG state and partial sums of the epoch
+    (gathered here), then every rank waits for it."""
+    states = [None] * size
+    dist.all_gather_object(states, (torch.get_rng_state(), sums.clone()))
+    if rank == 0:
+        buf = io.BytesIO()
+        torch.save({"epoch": epoch, "batch": batch, "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(), "history": history,
+                    "rng": [s[0] for s in states], "sums": [s[1] for s in states],
+                    "num_proc": size, "seed": spec["seed"]}, buf)
+        store.write_bytes(store.get_step_checkpoint_file(run_id), buf.getvalue())
+    dist.barrier()
 
 
 # --- training (every rank) ---
@@ -322,6 +341,21 @@ def _train(spec, rank, size, threads, store, run_id, verbose, t_start, np, torch
         if rank == 0 and verbose:
             _log(f"kolo_spark.torch: run {run_id}: resuming after epoch {start_epoch} from "
                  f"{store.url(store.get_checkpoint_file(run_id))}")
+    # A checkpoint inside the epoch after that one (checkpoint_every_steps): the model and
+    # optimizer after its batch, and every rank's RNG state and partial sums of the epoch, so
+    # that the rest of the epoch is what the uninterrupted run computed.
+    every = int(spec.get("checkpoint_every_steps") or 0)
+    mid = load_checkpoint(store, run_id, step=True) if every > 0 else None
+    if mid is not None and (int(mid["epoch"]) != start_epoch or int(mid["num_proc"]) != size):
+        mid = None  # stale: an epoch checkpoint came after it, or another world size
+    start_batch = 0
+    if mid is not None:
+        model.load_state_dict(mid["model"])
+        optimizer.load_state_dict(mid["optimizer"])
+        start_batch = int(mid["batch"])
+        if rank == 0 and verbose:
+            _log(f"kolo_spark.torch: run {run_id}: resuming epoch {start_epoch + 1} after batch "
+                 f"{start_batch} from {store.url(store.get_step_checkpoint_file(run_id))}")
 
     ddp = DDP(model, device_ids=[0] if use_gpu else None)
     if spec["compression"] != "none":
@@ -354,8 +388,15 @@ def _train(spec, rank, size, threads, store, run_id, verbose, t_start, np, torch
         batches = np.array_split(order, steps)
         model.train()
         sums = torch.zeros(2 + len(metrics), dtype=torch.float64)
+        first = 0
+        if mid is not None and epoch == start_epoch:
+            torch.set_rng_state(mid["rng"][rank])
+            sums = mid["sums"][rank].clone()
+            first = start_batch
         optimizer.zero_grad(set_to_none=True)
         for i, idx in enumerate(batches):
+            if i < first:
+                continue
             group_start = (i // k) * k
             in_group = min(k, steps - group_start)  # the last group of an epoch may be short
             step_now = i - group_start == in_group - 1
@@ -376,6 +417,9 @@ def _train(spec, rank, size, threads, store, run_id, verbose, t_start, np, torch
                     sums[2 + j] += float(fn(out.detach(), yb)) * n
             if verbose >= 2 and rank == 0:
                 _log(f"epoch {epoch + 1} step {i + 1}/{steps} loss {loss.item():.6g}")
+            if every > 0 and step_now and (i // k + 1) % every == 0 and i + 1 < steps:
+                _step_checkpoint(store, run_id, spec, model, optimizer, history, epoch, i + 1,
+                                 sums, rank, size, torch, dist)
         train_seconds = time.time() - t_epoch
 
         t_val = time.time()
@@ -442,6 +486,7 @@ def _train(spec, rank, size, threads, store, run_id, verbose, t_start, np, torch
     if use_gpu:
         torch.cuda.synchronize()
     return {"rank": rank, "train_rows": n_train, "val_rows": n_val, "start_epoch": start_epoch,
+            "start_batch": start_batch,
             "threads": threads, "read_seconds": read_seconds, "setup_seconds": setup_seconds,
             "epochs": epoch_stats, "steps_per_epoch": steps}
 
