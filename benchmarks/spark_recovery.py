@@ -141,8 +141,8 @@ def main():
         .set("spark.ui.enabled", "false").set("spark.task.cpus", "1")
     spark = SparkSession(SparkContext(conf=conf))
     spark.sparkContext.setLogLevel("ERROR")
-    env = {"KOLO_TRAIN_STEPS": str(args.steps), "KOLO_TRAIN_SLEEP_US": str(args.sleep_us),
-           "KOLO_TRAIN_COMMIT_EVERY": str(args.commit), "KOLO_TIMEOUT_SECONDS": "30"}
+    env = dict(KOLO_TRAIN_STEPS=str(args.steps), KOLO_TRAIN_SLEEP_US=str(args.sleep_us),
+               KOLO_TRAIN_COMMIT_EVERY=str(args.commit), KOLO_TIMEOUT_SECONDS="30")
     rng = random.Random(args.seed)
     res = {k: [] for k in ("clean", "elastic", "elastic_lost", "retry", "retry_lost", "restart",
                            "restart_lost")}
