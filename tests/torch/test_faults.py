@@ -799,9 +799,11 @@ def drive_shrink(script):
     return ok
 
 
-def drive_ddp_shrink(script):
+def drive_kill_one_of_three(script, mode, done, what):
+    """3 ranks in ``mode``; rank 2 SIGKILLed once rank 0 trains; each survivor r must exit 0
+    printing ``done(r)``, and no process may remain."""
     world, victim = 3, 2
-    config = {"name": "ddp_shrink", "world": world, "mode": "ddp_shrink", "victim": victim,
+    config = {"name": mode, "world": world, "mode": mode, "victim": victim,
               "unset": OWN_TIMEOUT, "timeout": KILL_TIMEOUT_S}
     procs, _ = harness.start_ranks(script, world, config)
     wait_training(procs[0])
@@ -810,37 +812,26 @@ def drive_ddp_shrink(script):
     good = outs[victim][0] == -signal.SIGKILL
     for r in range(world - 1):
         rc, out = outs[r]
-        m = re.search(rf"rank {r} trained on with 2 ranks: loss", out)
-        good = good and rc == 0 and m is not None
+        good = good and rc == 0 and done(r) in out
     left = alive([p.pid for p in procs])
-    print(f"  result: ddp_shrink: DDP rebuilt on the shrunk group trained 30 more steps on both "
-          f"survivors: {good}; processes left: {left}")
+    print(f"  result: {mode}: {what}: {good}; processes left: {left}")
     good = good and not left
     if not good:
-        harness.report("ddp_shrink", outs)
+        harness.report(mode, outs)
     return good
+
+
+def drive_ddp_shrink(script):
+    return drive_kill_one_of_three(
+        script, "ddp_shrink", lambda r: f"rank {r} trained on with 2 ranks: loss",
+        "DDP rebuilt on the shrunk group trained 30 more steps on both survivors")
 
 
 def drive_reconfigure(script):
-    world, victim = 3, 2
-    config = {"name": "reconfigure", "world": world, "mode": "reconfigure", "victim": victim,
-              "unset": OWN_TIMEOUT, "timeout": KILL_TIMEOUT_S}
-    procs, _ = harness.start_ranks(script, world, config)
-    wait_training(procs[0])
-    os.kill(procs[victim].pid, signal.SIGKILL)
-    outs = harness.finish(procs, 60)
-    good = outs[victim][0] == -signal.SIGKILL
-    for r in range(world - 1):
-        rc, out = outs[r]
-        good = good and rc == 0 and f"rank {r} reconfigured to rank {r} of 2" in out
-    left = alive([p.pid for p in procs])
-    print(f"  result: reconfigure: the survivors found the lost rank with kolo_torch.lost_ranks(), "
-          f"rebuilt the group in place with dist._reconfigure (a list, then a set of handles) "
-          f"and ran exact all_reduces: {good}; processes left: {left}")
-    good = good and not left
-    if not good:
-        harness.report("reconfigure", outs)
-    return good
+    return drive_kill_one_of_three(
+        script, "reconfigure", lambda r: f"rank {r} reconfigured to rank {r} of 2",
+        "the survivors found the lost rank with kolo_torch.lost_ranks(), rebuilt the group in "
+        "place with dist._reconfigure (a list, then a set of handles) and ran exact all_reduces")
 
 
 def drive_torchrun(script):
